@@ -1,0 +1,9 @@
+"""Constraint engines behind one interface: each turns a spec into an ``EngineProgram``."""
+
+from __future__ import annotations
+
+from .base import EngineProgram, get_backend
+
+BACKEND_NAMES: tuple[str, ...] = ("llguidance", "outlines-core")
+
+__all__ = ["BACKEND_NAMES", "EngineProgram", "get_backend"]

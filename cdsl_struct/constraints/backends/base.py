@@ -1,0 +1,41 @@
+"""What every engine provides: compile a spec once, then make per-sequence states from it."""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Protocol
+
+from ..specs import ConstraintSpec
+from ..vocabulary import TokenVocabulary
+from ..whitespace import WhitespacePolicy
+
+if TYPE_CHECKING:
+    from ..compiler import CompiledConstraint
+    from ..state import ConstraintState
+
+
+class EngineProgram(ABC):
+    """An engine's compiled form of one spec for one vocabulary (immutable, shareable)."""
+
+    @abstractmethod
+    def new_state(self, compiled: CompiledConstraint) -> ConstraintState: ...
+
+
+class Backend(Protocol):
+    name: str
+
+    def compile(
+        self, spec: ConstraintSpec, vocabulary: TokenVocabulary, whitespace: WhitespacePolicy
+    ) -> EngineProgram: ...
+
+
+_MODULES = {"llguidance": "llguidance_backend", "outlines-core": "outlines_core_backend"}
+
+
+def get_backend(name: str) -> Backend:
+    """The backend called ``name`` (``"llguidance"`` or ``"outlines-core"``)."""
+    if name not in _MODULES:
+        raise ValueError(f"unknown backend {name!r}; choose auto, {', '.join(_MODULES)}")
+    module = importlib.import_module(f"{__package__}.{_MODULES[name]}")
+    return module.BACKEND

@@ -1,0 +1,176 @@
+"""llguidance engine: JSON Schema, regex, choices and Lark grammars (Earley parser + lazy lexer).
+
+Compiling builds one prototype ``LLMatcher``; each state is a ``deep_copy`` of it, so a state
+costs microseconds. Unknown schema keywords are errors (``lenient`` is forced off) and
+whitespace options are forced by our policy, so no schema can loosen either.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any
+
+import llguidance
+
+from ...errors import CompileError, GrammarSyntaxError, UnsatisfiableSchema, UnsupportedFeature
+from ..specs import Choice, ConstraintSpec, Grammar, JsonSchema, Regex
+from ..state import ConstraintState
+from ..vocabulary import TokenVocabulary
+from ..whitespace import WhitespacePolicy
+from .base import EngineProgram
+
+NAME = "llguidance"
+
+
+class _Tokenizer:
+    """What ``llguidance.TokenizerWrapper`` reads from a tokenizer, served from our vocabulary."""
+
+    def __init__(self, vocabulary: TokenVocabulary) -> None:
+        self.eos_token_id = vocabulary.eos_token_id
+        self.bos_token_id = None
+        self.tokens = vocabulary.token_bytes
+        self.special_token_ids = sorted(vocabulary.special_ids)
+        self._encode = vocabulary.encode
+
+    def __call__(self, text: str | bytes) -> list[int]:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        return self._encode(text)
+
+
+def _ll_tokenizer(vocabulary: TokenVocabulary) -> llguidance.LLTokenizer:
+    return llguidance.LLTokenizer(
+        llguidance.TokenizerWrapper(_Tokenizer(vocabulary)),
+        n_vocab=vocabulary.size,
+        eos_token=list(vocabulary.eos_token_ids),
+    )
+
+
+def _json_options(whitespace: WhitespacePolicy) -> dict[str, Any]:
+    options: dict[str, Any] = {
+        "lenient": False,
+        "item_separator": whitespace.item_separator,
+        "key_separator": whitespace.key_separator,
+        "whitespace_flexible": bool(whitespace.pattern),
+    }
+    if whitespace.pattern:
+        options["whitespace_pattern"] = whitespace.pattern
+    return options
+
+
+def _grammar_for(spec: ConstraintSpec, whitespace: WhitespacePolicy) -> str:
+    if isinstance(spec, JsonSchema):
+        return llguidance.LLMatcher.grammar_from_json_schema(spec.schema, overrides=_json_options(whitespace))
+    if isinstance(spec, (Regex, Choice)):
+        return llguidance.LLMatcher.grammar_from_regex(spec.pattern)
+    if isinstance(spec, Grammar):
+        return llguidance.LLMatcher.grammar_from_lark(spec.text)
+    raise CompileError(f"llguidance cannot compile {type(spec).__name__}")
+
+
+_FEATURE_PATTERNS = [
+    re.compile(r"Unimplemented keys?:? *\[?\"?([^\]\"\n]+)"),
+    re.compile(r"Unknown format:? *([^\n]+)"),
+    re.compile(r"(\S+) (?:is|are) not supported"),
+]
+
+
+def engine_error(message: str, spec: ConstraintSpec) -> CompileError:
+    """Turn an llguidance error message into the matching typed error."""
+    first = message.strip().splitlines()[0] if message.strip() else "unknown error"
+    text = f"llguidance: {first}"
+    if "nsatisfiable" in message:
+        return UnsatisfiableSchema(text)
+    for pattern in _FEATURE_PATTERNS:
+        found = pattern.search(message)
+        if found:
+            return UnsupportedFeature(text, feature=found.group(1).strip(), backend=NAME)
+    if isinstance(spec, (Regex, Grammar)) and ("parse" in message.lower() or "regex" in message.lower()):
+        return GrammarSyntaxError(text)
+    return CompileError(text)
+
+
+class LLGuidanceProgram(EngineProgram):
+    """A validated llguidance grammar with a prototype matcher to copy states from."""
+
+    def __init__(self, prototype: llguidance.LLMatcher) -> None:
+        self._prototype = prototype
+        self._lock = threading.Lock()
+
+    def new_state(self, compiled: Any) -> ConstraintState:
+        with self._lock:
+            matcher = self._prototype.deep_copy()
+        return LLGuidanceState(compiled, matcher)
+
+
+class LLGuidanceBackend:
+    name = NAME
+
+    def compile(
+        self, spec: ConstraintSpec, vocabulary: TokenVocabulary, whitespace: WhitespacePolicy
+    ) -> LLGuidanceProgram:
+        tokenizer = vocabulary.engine_object(NAME, _ll_tokenizer)
+        try:
+            grammar = _grammar_for(spec, whitespace)
+        except ValueError as exc:
+            raise engine_error(str(exc), spec) from None
+        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise engine_error(matcher.get_error(), spec)
+        return LLGuidanceProgram(matcher)
+
+
+class LLGuidanceState(ConstraintState):
+    """A ``ConstraintState`` backed by one ``llguidance.LLMatcher``."""
+
+    def __init__(self, compiled: Any, matcher: llguidance.LLMatcher) -> None:
+        super().__init__(compiled)
+        self._matcher = matcher
+
+    def _check(self) -> None:
+        if self._matcher.is_error():
+            raise CompileError(f"llguidance matcher failed: {self._matcher.get_error().splitlines()[0]}")
+
+    def _engine_fill(self, pointer: int, nbytes: int) -> None:
+        self._matcher.unsafe_compute_mask_ptr(pointer, nbytes)
+        self._check()
+
+    def _engine_validate(self, tokens: list[int]) -> int:
+        return self._matcher.validate_tokens(tokens)
+
+    def _engine_consume(self, tokens: list[int]) -> None:
+        if not self._matcher.consume_tokens(tokens):
+            self._check()
+
+    def _engine_consume_eos(self) -> None:
+        self._matcher.consume_token(self.compiled.vocabulary.eos_token_id)
+        self._check()
+
+    def _engine_rollback(self, n: int) -> None:
+        self._matcher.rollback(n)
+        self._check()
+
+    def _engine_forced(self, limit: int) -> list[int]:
+        eos = set(self.compiled.vocabulary.eos_token_ids)
+        forced = []
+        for token in self._matcher.compute_ff_tokens()[:limit]:
+            if token in eos:
+                break
+            forced.append(token)
+        return forced
+
+    def _engine_accepting(self) -> bool:
+        return self._matcher.is_accepting()
+
+    def _complete_after(self, body: list[int]) -> bool:
+        if not body:  # validate_tokens([eos]) answers 0 even where EOS is allowed
+            return self._matcher.is_accepting()
+        with_eos = [*body, self.compiled.vocabulary.eos_token_id]
+        return self._matcher.validate_tokens(with_eos) == len(with_eos)
+
+    def _engine_copy(self) -> LLGuidanceState:
+        return LLGuidanceState(self.compiled, self._matcher.deep_copy())
+
+
+BACKEND = LLGuidanceBackend()

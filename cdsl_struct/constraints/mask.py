@@ -1,0 +1,83 @@
+"""Token bitmasks: int32 words, bit ``i % 32`` of word ``i // 32`` allows token ``i``.
+
+The same layout as llguidance, outlines-core and XGrammar, so engines write into our buffers
+directly. Rows may be torch tensors (for the decoders) or numpy arrays (for the benchmarks).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+Bitmask = Any  # a contiguous 1-D int32 torch.Tensor or numpy.ndarray
+
+
+def words_for(vocab_size: int) -> int:
+    """Number of int32 words that hold one mask over ``vocab_size`` tokens."""
+    return (vocab_size + 31) // 32
+
+
+def allocate_bitmask(vocab_size: int, batch: int | None = None, *, backend: str = "torch") -> Bitmask:
+    """A zeroed bitmask of ``batch`` rows (or one 1-D row when ``batch`` is None)."""
+    shape = (words_for(vocab_size),) if batch is None else (batch, words_for(vocab_size))
+    if backend == "numpy":
+        return np.zeros(shape, dtype=np.int32)
+    import torch
+
+    return torch.zeros(shape, dtype=torch.int32)
+
+
+def row_pointer(row: Bitmask, vocab_size: int) -> tuple[int, int]:
+    """Address and byte size of a mask row, after checking its dtype, shape and layout."""
+    need = words_for(vocab_size)
+    if isinstance(row, np.ndarray):
+        if row.dtype != np.int32 or row.ndim != 1 or row.shape[0] != need or not row.flags.c_contiguous:
+            raise ValueError(f"mask row must be a contiguous 1-D int32 array of {need} words")
+        return row.ctypes.data, row.nbytes
+    import torch
+
+    if row.dtype != torch.int32 or row.dim() != 1 or row.shape[0] != need or not row.is_contiguous():
+        raise ValueError(f"mask row must be a contiguous 1-D int32 tensor of {need} words")
+    if row.device.type != "cpu":
+        raise ValueError("mask rows are filled on the CPU; copy to the device afterwards")
+    return row.data_ptr(), row.numel() * 4
+
+
+def clear_bitmask(row: Bitmask) -> None:
+    row[:] = 0
+
+
+def set_bit(row: Bitmask, token_id: int) -> None:
+    word, bit = divmod(token_id, 32)
+    value = int(row[word]) | (1 << bit)
+    row[word] = value - (1 << 32) if value >= 1 << 31 else value
+
+
+def is_allowed(row: Bitmask, token_id: int) -> bool:
+    """Whether ``token_id`` is allowed by a mask row."""
+    word, bit = divmod(token_id, 32)
+    return bool((int(row[word]) >> bit) & 1)
+
+
+def allowed_tokens(row: Bitmask, vocab_size: int) -> list[int]:
+    """All allowed token ids of a mask row, ascending."""
+    words = np.asarray(row.numpy() if hasattr(row, "numpy") else row, dtype=np.int32)
+    bits = np.unpackbits(words.view(np.uint8), bitorder="little")[:vocab_size]
+    return np.flatnonzero(bits).tolist()
+
+
+def apply_bitmask(logits: Any, row: Bitmask) -> Any:
+    """Set disallowed logits to ``-inf`` in place (torch; last dimension is the vocabulary).
+
+    Logit columns past the mask (models often pad their vocabulary) are disallowed too.
+    """
+    import torch
+
+    words = row if isinstance(row, torch.Tensor) else torch.from_numpy(row)
+    bits = (words.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
+    allowed = bits.reshape(*words.shape[:-1], -1).bool()
+    width = min(allowed.shape[-1], logits.shape[-1])
+    logits[..., width:] = float("-inf")
+    logits[..., :width].masked_fill_(~allowed[..., :width].to(logits.device), float("-inf"))
+    return logits

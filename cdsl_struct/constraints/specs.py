@@ -1,0 +1,259 @@
+"""Constraint specs: what the output must look like, independent of any engine or tokenizer.
+
+A spec is checked when it is made (bad JSON Schema, regex or grammar syntax raise typed errors
+here, before any engine sees it) and has a stable ``key`` used to cache compiled constraints.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import lark
+
+try:  # Python >= 3.11 keeps the regex parser private
+    from re import _constants as sre_constants
+    from re import _parser as sre_parse
+except ImportError:  # pragma: no cover - Python 3.10
+    import sre_constants  # type: ignore[no-redef]
+    import sre_parse  # type: ignore[no-redef]
+
+from ..errors import GrammarSyntaxError, InvalidSchema, UnsatisfiableSchema, UnsupportedFeature
+
+GRAMMARS_DIR = Path(__file__).resolve().parents[2] / "grammars"
+
+
+class ConstraintSpec:
+    """Base of the spec types. ``key`` identifies the constraint for caching."""
+
+    kind: str = ""
+
+    @property
+    def key(self) -> str:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, eq=False)
+class JsonSchema(ConstraintSpec):
+    """Output is one JSON value valid under a JSON Schema.
+
+    ``schema`` is a dict, a JSON string, ``True``/``False``, or a pydantic model class (then
+    ``model`` keeps the class so results can be returned as instances).
+    """
+
+    schema: Any
+    model: Any = field(default=None, compare=False)
+    kind = "json_schema"
+
+    def __post_init__(self) -> None:
+        schema, model = _normalise_schema(self.schema)
+        object.__setattr__(self, "schema", schema)
+        if model is not None:
+            object.__setattr__(self, "model", model)
+        check_json_schema(schema)
+
+    @property
+    def key(self) -> str:
+        return "json:" + json.dumps(self.schema, sort_keys=True, ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class Regex(ConstraintSpec):
+    """Output fully matches a regular expression (no lookarounds or backreferences)."""
+
+    pattern: str
+    kind = "regex"
+
+    def __post_init__(self) -> None:
+        check_regex(self.pattern)
+
+    @property
+    def key(self) -> str:
+        return "regex:" + self.pattern
+
+
+@dataclass(frozen=True)
+class Choice(ConstraintSpec):
+    """Output is exactly one of the given strings."""
+
+    options: tuple[str, ...]
+    kind = "choice"
+
+    def __init__(self, options: Any) -> None:
+        values = tuple(options)
+        if not values:
+            raise UnsatisfiableSchema("Choice needs at least one option")
+        if not all(isinstance(v, str) for v in values):
+            raise TypeError("Choice options must be strings")
+        object.__setattr__(self, "options", values)
+
+    @property
+    def pattern(self) -> str:
+        """The options as one regex alternation, each option matched literally."""
+        return "|".join(f"({escape_regex(option)})" for option in self.options)
+
+    @property
+    def key(self) -> str:
+        return "choice:" + json.dumps(self.options, ensure_ascii=False)
+
+
+@dataclass(frozen=True, eq=False)
+class Grammar(ConstraintSpec):
+    """Output parses under a Lark grammar (rule ``start``).
+
+    ``source`` is grammar text, a path to a ``.lark`` file, or the name of a grammar shipped in
+    ``grammars/`` (``"json"``, ``"arithmetic"``, ``"sql_select"``, ``"function_call"``).
+    """
+
+    source: Any
+    text: str = field(init=False, repr=False)
+    origin: str = field(init=False)
+    kind = "grammar"
+
+    def __post_init__(self) -> None:
+        text, origin = _read_grammar(self.source)
+        object.__setattr__(self, "text", text)
+        object.__setattr__(self, "origin", origin)
+        check_lark_grammar(text, origin)
+
+    @property
+    def key(self) -> str:
+        return "lark:" + self.text
+
+    def parser(self) -> lark.Lark:
+        """A lark Earley parser for finished outputs (builds a ``lark.Tree``)."""
+        return lark.Lark(self.text, start="start", parser="earley")
+
+
+def as_spec(value: Any) -> ConstraintSpec:
+    """Coerce a spec-like value: a spec, a JSON Schema dict, or a pydantic model class."""
+    if isinstance(value, ConstraintSpec):
+        return value
+    if isinstance(value, (dict, bool)) or _is_pydantic_model(value):
+        return JsonSchema(value)
+    raise TypeError(
+        f"expected JsonSchema, Regex, Choice, Grammar, a schema dict or a pydantic model, got {type(value)!r}"
+    )
+
+
+# --- JSON Schema -------------------------------------------------------------------------------
+
+
+def _is_pydantic_model(value: Any) -> bool:
+    return isinstance(value, type) and hasattr(value, "model_json_schema")
+
+
+def _normalise_schema(schema: Any) -> tuple[Any, Any]:
+    if _is_pydantic_model(schema):
+        return schema.model_json_schema(), schema
+    if isinstance(schema, (str, bytes)):
+        try:
+            return json.loads(schema), None
+        except json.JSONDecodeError as exc:
+            raise InvalidSchema(
+                f"schema is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+            ) from exc
+    if isinstance(schema, (dict, bool)):
+        return schema, None
+    raise InvalidSchema(f"a JSON Schema must be a dict, a JSON string or a pydantic model, not {type(schema)!r}")
+
+
+def check_json_schema(schema: Any) -> None:
+    """Raise ``InvalidSchema`` if ``schema`` fails its metaschema, ``UnsatisfiableSchema`` if ``false``."""
+    if schema is False:
+        raise UnsatisfiableSchema("the schema `false` accepts no value")
+    if schema is True:
+        return
+    if not isinstance(schema, dict):
+        raise InvalidSchema(f"a JSON Schema must be an object or a boolean, got {type(schema).__name__}")
+    validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        raise InvalidSchema(f"invalid JSON Schema at {where}: {exc.message}") from None
+
+
+# --- Regex -------------------------------------------------------------------------------------
+
+_REGEX_META = set("\\.^$|?*+()[]{}")
+_UNSUPPORTED_GROUPS = {
+    "(?=": "lookahead assertion (?=...)",
+    "(?!": "negative lookahead assertion (?!...)",
+    "(?<=": "lookbehind assertion (?<=...)",
+    "(?<!": "negative lookbehind assertion (?<!...)",
+    "(?P=": "named backreference (?P=name)",
+    "(?(": "conditional group (?(id)yes|no)",
+}
+
+
+def escape_regex(text: str) -> str:
+    """Escape ``text`` so both engines (Rust regex syntax) match it literally."""
+    return "".join("\\" + ch if ch in _REGEX_META else ch for ch in text)
+
+
+def check_regex(pattern: str) -> None:
+    """Reject a regex that is malformed or uses a feature no engine can express."""
+    if not isinstance(pattern, str):
+        raise TypeError("a regex pattern must be a string")
+    try:
+        parsed = sre_parse.parse(pattern)
+    except re.error as exc:
+        raise GrammarSyntaxError(
+            f"invalid regex: {exc.msg} at position {exc.pos}", line=exc.lineno, column=exc.colno
+        ) from None
+    for marker, feature in _UNSUPPORTED_GROUPS.items():
+        if marker in pattern:
+            raise UnsupportedFeature(f"regex uses a {feature}, which no engine supports", feature=feature)
+    if _has_backreference(parsed):
+        raise UnsupportedFeature("regex uses a backreference, which no engine supports", feature="backreference")
+
+
+def _has_backreference(node: Any) -> bool:
+    if isinstance(node, sre_parse.SubPattern):
+        node = node.data
+    if isinstance(node, (list, tuple)):
+        if len(node) == 2 and node[0] in (sre_constants.GROUPREF, sre_constants.GROUPREF_EXISTS):
+            return True
+        return any(_has_backreference(child) for child in node)
+    return False
+
+
+# --- Lark grammars -----------------------------------------------------------------------------
+
+
+def _read_grammar(source: Any) -> tuple[str, str]:
+    if isinstance(source, Path):
+        return source.read_text(encoding="utf-8"), str(source)
+    if not isinstance(source, str):
+        raise TypeError("a grammar is Lark text, a path to a .lark file, or a shipped grammar's name")
+    shipped = GRAMMARS_DIR / f"{source}.lark"
+    if "\n" not in source and shipped.exists():
+        return shipped.read_text(encoding="utf-8"), str(shipped)
+    if "\n" not in source and source.endswith(".lark"):
+        path = Path(source)
+        if not path.exists():
+            raise GrammarSyntaxError(f"grammar file {source} does not exist")
+        return path.read_text(encoding="utf-8"), source
+    return source, "<grammar text>"
+
+
+def check_lark_grammar(text: str, origin: str = "<grammar text>") -> None:
+    """Load the grammar with lark; raise ``GrammarSyntaxError`` with line and column on failure."""
+    try:
+        lark.Lark(text, start="start", parser="earley")
+    except lark.exceptions.UnexpectedInput as exc:
+        line, column = getattr(exc, "line", None), getattr(exc, "column", None)
+        raise GrammarSyntaxError(
+            f"{origin}: syntax error at line {line} column {column}: {str(exc).strip().splitlines()[0]}",
+            line=line, column=column,
+        ) from None
+    except (lark.exceptions.GrammarError, lark.exceptions.ConfigurationError) as exc:
+        found = re.search(r"line (\d+)(?:,? col(?:umn)? (\d+))?", str(exc))
+        line = int(found.group(1)) if found else None
+        column = int(found.group(2)) if found and found.group(2) else None
+        raise GrammarSyntaxError(f"{origin}: grammar error: {exc}", line=line, column=column) from None

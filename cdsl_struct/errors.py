@@ -1,0 +1,65 @@
+"""Typed errors raised by cdsl_struct. Every message says what is wrong and what to do."""
+
+from __future__ import annotations
+
+
+class CdslError(Exception):
+    """Base class of every error cdsl_struct raises on purpose."""
+
+
+class CompileError(CdslError):
+    """A constraint could not be compiled (bad spec, or a feature the engine cannot express)."""
+
+
+class InvalidSchema(CompileError):
+    """The JSON Schema itself is invalid (fails the JSON Schema metaschema, or is not JSON)."""
+
+
+class UnsatisfiableSchema(CompileError):
+    """The JSON Schema is valid but no JSON value satisfies it."""
+
+
+class UnsupportedFeature(CompileError):
+    """The constraint uses a feature that the selected engine cannot express exactly.
+
+    ``feature`` names it; a looser constraint is never substituted.
+    """
+
+    def __init__(self, message: str, *, feature: str, backend: str | None = None) -> None:
+        super().__init__(message)
+        self.feature = feature
+        self.backend = backend
+
+
+class GrammarSyntaxError(CompileError):
+    """A Lark grammar or regex has a syntax error; ``line`` and ``column`` locate it (1-based)."""
+
+    def __init__(self, message: str, *, line: int | None = None, column: int | None = None) -> None:
+        super().__init__(message)
+        self.line = line
+        self.column = column
+
+
+class CompileTimeout(CompileError):
+    """Compiling took longer than the allowed timeout."""
+
+
+class InvalidToken(CdslError):
+    """A token was advanced that the constraint does not allow in the current state."""
+
+    def __init__(self, message: str, *, token_id: int | None = None, position: int | None = None) -> None:
+        super().__init__(message)
+        self.token_id = token_id
+        self.position = position
+
+
+class RollbackError(CdslError):
+    """A rollback asked for more tokens than the state can undo."""
+
+
+class TokenizerNotFound(CdslError):
+    """A tokenizer name, path or id could not be resolved or fetched."""
+
+
+class IncompatibleTokenizers(CdslError):
+    """Two tokenizers (e.g. draft and target) do not map token ids to the same bytes."""
