@@ -69,6 +69,7 @@ def compile(  # noqa: A001 - the natural name, as in re.compile / xgrammar
     whitespace: str | WhitespacePolicy = "compact",
     timeout: float | None = DEFAULT_TIMEOUT_S,
     eos_token_ids: Sequence[int] | None = None,
+    cache: bool = True,
 ) -> CompiledConstraint:
     """Compile ``spec`` for ``tokenizer``.
 
@@ -76,6 +77,7 @@ def compile(  # noqa: A001 - the natural name, as in re.compile / xgrammar
     model). ``tokenizer``: a name (``"llama3"``...), path, HF tokenizer or ``TokenVocabulary``.
     ``backend``: ``"auto"``, ``"llguidance"`` or ``"outlines-core"``. ``whitespace``: JSON
     whitespace policy (see ``WhitespacePolicy``). ``timeout``: seconds per engine attempt.
+    ``cache=False`` compiles afresh and keeps nothing (benchmarks).
 
     Raises ``CompileError`` subclasses: ``InvalidSchema``, ``UnsatisfiableSchema``,
     ``UnsupportedFeature``, ``GrammarSyntaxError``, ``CompileTimeout``. When every engine
@@ -94,6 +96,8 @@ def compile(  # noqa: A001 - the natural name, as in re.compile / xgrammar
     else:
         raise ValueError(f"unknown backend {backend!r}; choose auto, {', '.join(BACKEND_NAMES)}")
 
+    if not cache:
+        return _compile_uncached(spec, vocabulary, order, policy, timeout)
     key = (spec.key, vocabulary.fingerprint, backend, policy.key)
     with _cache_lock:
         if key in _cache:

@@ -1,0 +1,79 @@
+"""``cdsl-struct`` command line: ``bench`` harnesses and ``tokenizers`` assets."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="cdsl-struct", description="Structured output for Hugging Face LMs.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    bench = commands.add_parser("bench", help="run a benchmark harness").add_subparsers(dest="bench", required=True)
+    mask = bench.add_parser("maskbench", help="JSONSchemaBench/MaskBench: compile + mask correctness and speed")
+    mask.add_argument("--data", required=True, help="a .jsonl(.gz) file or a folder of them")
+    mask.add_argument("--tokenizer", default="llama3", help="tokenizer name, path or HF id (default llama3)")
+    mask.add_argument("--backend", default="auto", choices=["auto", "llguidance", "outlines-core"])
+    mask.add_argument("--limit", type=int, default=None, help="sample this many cases across all files")
+    mask.add_argument("--seed", type=int, default=0, help="seed of the --limit sample")
+    mask.add_argument("--timeout", type=float, default=30.0, help="compile time budget per case, seconds")
+    mask.add_argument("--tests-timeout", type=float, default=120.0, help="time budget for a case's tests")
+    mask.add_argument("--memory-mb", type=int, default=3000, help="worker memory budget, MB")
+    mask.add_argument("--json", dest="json_out", help="write summary and per-case results here")
+    mask.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    tokenizers = commands.add_parser("tokenizers", help="fetch or list the named test tokenizers")
+    tokenizers.add_argument("action", choices=["fetch", "list"])
+    tokenizers.add_argument("names", nargs="*", help="names to fetch (default: all)")
+
+    args = parser.parse_args(argv)
+    if args.command == "bench" and args.bench == "maskbench":
+        return _maskbench(args)
+    if args.command == "tokenizers":
+        return _tokenizers(args)
+    parser.error("unknown command")
+    return 2
+
+
+def _maskbench(args: argparse.Namespace) -> int:
+    from .bench.maskbench import MaskBenchConfig, format_table, load_cases, run_maskbench
+
+    cases = load_cases(args.data, limit=args.limit, seed=args.seed)
+    config = MaskBenchConfig(
+        backend=args.backend, compile_timeout_s=args.timeout,
+        tests_timeout_s=args.tests_timeout, memory_limit_mb=args.memory_mb,
+    )
+    report = run_maskbench(cases, args.tokenizer, config, progress=not args.no_progress)
+    report["summary"]["command"] = "cdsl-struct " + " ".join(sys.argv[1:])
+    print(format_table(report["summary"]))
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(report, indent=1), encoding="utf-8")
+    return 0
+
+
+def _tokenizers(args: argparse.Namespace) -> int:
+    import time
+
+    from .constraints.vocabulary import TokenVocabulary
+    from .models.tokenizers import NAMED_TOKENIZERS, load_tokenizer, named_tokenizer_dir
+
+    names = args.names or list(NAMED_TOKENIZERS)
+    for name in names:
+        if args.action == "list":
+            print(name)
+            continue
+        start = time.perf_counter()
+        folder = named_tokenizer_dir(name)
+        fetched = time.perf_counter() - start
+        vocabulary = TokenVocabulary.from_tokenizer(load_tokenizer(name))
+        print(f"{name:8s} {vocabulary.size:7d} tokens  {vocabulary.scheme:13s} fetch {fetched:5.1f}s  "
+              f"vocabulary {vocabulary.build_seconds:5.2f}s  {folder}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""outlines-core engine: regexes and choices, and JSON Schema through its schema-to-regex.
+
+The regex is compiled into a token-level automaton (``Index``) ahead of time, so masks are a
+table lookup; compiling can be slow for large schemas. ``build_regex_from_schema`` ignores
+keywords it does not know, which would silently loosen the constraint, so every schema is
+first checked against the keywords it honours exactly (``outlines_core_schema``) and anything
+else is an ``UnsupportedFeature``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import outlines_core
+
+from ...errors import CompileError, GrammarSyntaxError, UnsupportedFeature
+from ..specs import Choice, ConstraintSpec, Grammar, JsonSchema, Regex
+from ..state import ConstraintState
+from ..vocabulary import TokenVocabulary
+from ..whitespace import WhitespacePolicy
+from .base import EngineProgram
+from .outlines_core_schema import check_schema_supported
+
+NAME = "outlines-core"
+
+
+def _oc_vocabulary(vocabulary: TokenVocabulary) -> outlines_core.Vocabulary:
+    by_bytes: dict[bytes, list[int]] = {}
+    for token_id, token in enumerate(vocabulary.token_bytes):
+        if token and token_id not in vocabulary.special_ids:
+            by_bytes.setdefault(token, []).append(token_id)
+    return outlines_core.Vocabulary(vocabulary.eos_token_id, by_bytes)
+
+
+def _regex_for(spec: ConstraintSpec, whitespace: WhitespacePolicy) -> str:
+    if isinstance(spec, JsonSchema):
+        if whitespace.item_separator != "," or whitespace.key_separator != ":":
+            raise UnsupportedFeature(
+                f"outlines-core cannot express the {whitespace.name!r} whitespace policy "
+                "(only compact, flexible or a whitespace pattern)",
+                feature=f"whitespace={whitespace.name}", backend=NAME,
+            )
+        check_schema_supported(spec.schema)
+        try:
+            return outlines_core.json_schema.build_regex_from_schema(json.dumps(spec.schema), whitespace.pattern)
+        except (ValueError, TypeError, RuntimeError) as exc:
+            raise CompileError(f"outlines-core: {exc}") from None
+    if isinstance(spec, (Regex, Choice)):
+        return spec.pattern
+    if isinstance(spec, Grammar):
+        raise UnsupportedFeature(
+            "outlines-core cannot compile Lark grammars; use backend='llguidance' or 'auto'",
+            feature="lark grammar", backend=NAME,
+        )
+    raise CompileError(f"outlines-core cannot compile {type(spec).__name__}")
+
+
+class OutlinesProgram(EngineProgram):
+    """A token-level automaton (``outlines_core.Index``) shared by all states."""
+
+    def __init__(self, index: outlines_core.Index, eos_token_id: int) -> None:
+        self.index = index
+        self.eos_token_id = eos_token_id
+        self._single_choice: dict[int, int | None] = {}
+        self._lock = threading.Lock()
+
+    def new_state(self, compiled: Any) -> ConstraintState:
+        return OutlinesState(compiled, self)
+
+    def only_token(self, state: int) -> int | None:
+        """The one token allowed in automaton ``state``, if exactly one (EOS excluded)."""
+        with self._lock:
+            if state not in self._single_choice:
+                allowed = self.index.get_allowed_tokens(state) or []
+                single = allowed[0] if len(allowed) == 1 and allowed[0] != self.eos_token_id else None
+                self._single_choice[state] = single
+            return self._single_choice[state]
+
+
+class OutlinesCoreBackend:
+    name = NAME
+
+    def compile(
+        self, spec: ConstraintSpec, vocabulary: TokenVocabulary, whitespace: WhitespacePolicy
+    ) -> OutlinesProgram:
+        regex = _regex_for(spec, whitespace)
+        oc_vocabulary = vocabulary.engine_object(NAME, _oc_vocabulary)
+        try:
+            index = outlines_core.Index(regex, oc_vocabulary)
+        except (ValueError, TypeError, RuntimeError) as exc:
+            message = str(exc)
+            if isinstance(spec, Regex) and ("parse" in message.lower() or "syntax" in message.lower()):
+                raise GrammarSyntaxError(f"outlines-core: {message}") from None
+            raise CompileError(f"outlines-core: {message}") from None
+        return OutlinesProgram(index, vocabulary.eos_token_id)
+
+
+class OutlinesState(ConstraintState):
+    """A ``ConstraintState`` over an outlines-core ``Guide``.
+
+    The guide does not consume EOS (the automaton ends at a final state), so EOS is tracked
+    here; the token history is kept so ``copy`` can rebuild an equivalent guide (copying a
+    ``Guide`` directly loses its rollback depth).
+    """
+
+    def __init__(self, compiled: Any, program: OutlinesProgram, history: list[int] | None = None) -> None:
+        super().__init__(compiled)
+        self._program = program
+        self._guide = outlines_core.Guide(program.index, max_rollback=self.MAX_ROLLBACK)
+        self._history: list[int] = []
+        self._eos_consumed = False
+        if history:
+            self._engine_consume(history)
+
+    def _engine_fill(self, pointer: int, nbytes: int) -> None:
+        self._guide.write_mask_into(pointer, nbytes // 4, 4)
+
+    def _walk(self, tokens: list[int]) -> tuple[int, int]:
+        """(tokens accepted, automaton state after them) from the current state."""
+        index, state = self._program.index, self._guide.get_state()
+        for count, token in enumerate(tokens):
+            following = index.get_next_state(state, token) if token != self._program.eos_token_id else None
+            if following is None:
+                return count, state
+            state = following
+        return len(tokens), state
+
+    def _engine_validate(self, tokens: list[int]) -> int:
+        return self._walk(tokens)[0]
+
+    def _complete_after(self, body: list[int]) -> bool:
+        accepted, state = self._walk(body)
+        return accepted == len(body) and self._program.index.is_final_state(state)
+
+    def _engine_consume(self, tokens: list[int]) -> None:
+        for token in tokens:
+            self._guide.advance(token, return_tokens=False)
+        self._history.extend(tokens)
+
+    def _engine_consume_eos(self) -> None:
+        self._eos_consumed = True
+
+    def _engine_rollback(self, n: int) -> None:
+        if self._eos_consumed:
+            self._eos_consumed = False
+            n -= 1
+        if n:
+            self._guide.rollback_state(n)
+            del self._history[-n:]
+
+    def _engine_forced(self, limit: int) -> list[int]:
+        index, state = self._program.index, self._guide.get_state()
+        forced: list[int] = []
+        while len(forced) < limit:
+            token = self._program.only_token(state)
+            if token is None:
+                break
+            forced.append(token)
+            state = index.get_next_state(state, token)
+        return forced
+
+    def _engine_accepting(self) -> bool:
+        return self._program.index.is_final_state(self._guide.get_state())
+
+    def _engine_copy(self) -> OutlinesState:
+        twin = OutlinesState(self.compiled, self._program, self._history)
+        twin._eos_consumed = self._eos_consumed
+        return twin
+
+
+BACKEND = OutlinesCoreBackend()

@@ -1,0 +1,29 @@
+"""Shared fixtures: real tokenizers (fetched once into the cache by `make test`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+MASKBENCH_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "maskbench"
+SMALL_TOKENIZERS = ("gpt2", "smollm2", "llama2")
+LARGE_TOKENIZERS = ("llama3", "qwen3", "gpt4o", "gemma3")
+
+
+@pytest.fixture(scope="session")
+def vocab_of():
+    """``vocab_of(name)`` -> TokenVocabulary of a named real tokenizer (cached)."""
+    from cdsl_struct.constraints import TokenVocabulary
+
+    cache: dict[str, TokenVocabulary] = {}
+
+    def get(name: str) -> TokenVocabulary:
+        if name not in cache:
+            cache[name] = TokenVocabulary.from_tokenizer(name)
+        return cache[name]
+
+    return get

@@ -1,0 +1,152 @@
+"""compile() on real tokenizers: every spec type, both engines, errors, caching, fallback."""
+
+import json
+import threading
+
+import pytest
+
+from cdsl_struct import (
+    Choice,
+    CompileError,
+    CompileTimeout,
+    Grammar,
+    JsonSchema,
+    Regex,
+    UnsatisfiableSchema,
+    UnsupportedFeature,
+    compile,
+)
+from cdsl_struct.constraints import allocate_bitmask, allowed_tokens, is_allowed
+from cdsl_struct.constraints.backends import base as backends_base
+
+TOKENIZERS = ("gpt2", "smollm2", "llama3", "gemma3", "qwen3")
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"},
+                   "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+# (spec, valid outputs, invalid outputs, backends able to compile it)
+CASES = [
+    (JsonSchema(PERSON), ['{"name":"Ann","age":31}', '{"name":"Bé","age":-2,"tags":["a","b"]}'],
+     ['{"name":"Ann"}', '{"name":"Ann","age":3.5}', '{"name":"Ann","age":1,"x":1}', '{"name": "Ann","age":1}'],
+     ("llguidance", "outlines-core")),
+    (Regex(r"\d{4}-\d{2}-\d{2}"), ["2024-01-31"], ["2024-1-31", "2024-01-311"], ("llguidance", "outlines-core")),
+    (Choice(["yes", "no", "maybe later"]), ["yes", "maybe later"], ["ye", "yes!", "Maybe later"],
+     ("llguidance", "outlines-core")),
+    (Grammar("arithmetic"), ["1 + 2 * (3 - 4)", "-(2.5)/7"], ["1 +", "(1", "1 ++ 2"], ("llguidance",)),
+]
+
+
+def run_text(compiled, text):
+    """Walk ``text``'s tokens through the masks; (all allowed, complete at end)."""
+    vocab = compiled.vocabulary
+    state = compiled.new_state()
+    row = allocate_bitmask(vocab.size)
+    for token in vocab.encode(text):
+        state.fill_mask(row)
+        if not is_allowed(row, token):
+            return False, False
+        state.advance(token)
+    state.fill_mask(row)
+    complete = state.is_complete()
+    assert is_allowed(row, vocab.eos_token_id) == complete
+    allowed = set(allowed_tokens(row, vocab.size))
+    assert not (allowed & vocab.special_ids) - set(vocab.eos_token_ids)
+    return True, complete
+
+
+@pytest.mark.parametrize("tokenizer", TOKENIZERS)
+@pytest.mark.parametrize("backend", ["llguidance", "outlines-core"])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_spec_accepts_valid_and_rejects_invalid(vocab_of, tokenizer, backend, case):
+    spec, valid, invalid, engines = CASES[case]
+    if backend not in engines:
+        with pytest.raises(UnsupportedFeature):
+            compile(spec, vocab_of(tokenizer), backend=backend)
+        return
+    compiled = compile(spec, vocab_of(tokenizer), backend=backend)
+    assert compiled.backend == backend
+    for text in valid:
+        assert run_text(compiled, text) == (True, True), text
+    for text in invalid:
+        assert run_text(compiled, text) != (True, True), text
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "outlines-core"])
+def test_flexible_whitespace_is_bounded(vocab_of, backend):
+    compiled = compile(JsonSchema(PERSON), vocab_of("llama3"), backend=backend, whitespace="flexible")
+    assert run_text(compiled, json.dumps({"name": "A", "age": 1})) == (True, True)
+    assert run_text(compiled, '{"name":"A", "age":1}') == (True, True)
+    assert run_text(compiled, '{"name":"A",  "age":1}') != (True, True)
+    assert run_text(compiled, '{"name":"A",\n"age":1}') != (True, True)
+
+
+def test_spaced_whitespace_is_exactly_json_dumps(vocab_of):
+    compiled = compile(JsonSchema(PERSON), vocab_of("llama3"), whitespace="spaced")
+    assert run_text(compiled, json.dumps({"name": "A", "age": 1, "tags": ["a"]})) == (True, True)
+    assert run_text(compiled, '{"name":"A","age":1}') != (True, True)
+    with pytest.raises(UnsupportedFeature, match="whitespace"):
+        compile(JsonSchema(PERSON), vocab_of("llama3"), backend="outlines-core", whitespace="spaced")
+
+
+def test_compile_by_tokenizer_name_and_cache():
+    first = compile(Regex("[ab]+"), "gpt2")
+    assert compile(Regex("[ab]+"), "gpt2") is first
+    assert compile(Regex("[ab]+"), "gpt2", backend="outlines-core") is not first
+
+
+def test_concurrent_compiles_share_one_result(vocab_of):
+    spec = JsonSchema({"type": "array", "items": {"type": "integer"}, "minItems": 2})
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(compile(spec, vocab_of("llama3"))))
+               for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(results) == 8 and all(r is results[0] for r in results)
+
+
+def test_engine_refusals_are_typed(vocab_of):
+    vocab = vocab_of("llama3")
+    with pytest.raises(UnsatisfiableSchema):
+        compile(JsonSchema({"allOf": [{"type": "string"}, {"type": "integer"}]}), vocab, backend="llguidance")
+    with pytest.raises(UnsupportedFeature) as info:
+        compile(JsonSchema({"type": "string", "format": "x-custom"}), vocab, backend="llguidance")
+    assert info.value.feature == "x-custom"
+    with pytest.raises(UnsupportedFeature) as info:
+        compile(JsonSchema({"type": "array", "uniqueItems": True}), vocab, backend="auto")
+    assert info.value.attempts[0][0] == "llguidance" and len(info.value.attempts) == 2
+
+
+def test_auto_falls_back_on_timeout(vocab_of, monkeypatch):
+    real = backends_base.get_backend
+
+    class Slow:
+        name = "llguidance"
+
+        def compile(self, *args):
+            threading.Event().wait(2)
+            raise AssertionError("should have timed out")
+
+    monkeypatch.setattr(
+        "cdsl_struct.constraints.compiler.get_backend",
+        lambda name: Slow() if name == "llguidance" else real(name),
+    )
+    compiled = compile(Regex("fallback[0-9]"), vocab_of("gpt2"), timeout=0.2)
+    assert compiled.backend == "outlines-core"
+    assert compiled.skipped[0][0] == "llguidance" and "longer than" in compiled.skipped[0][1]
+    with pytest.raises(CompileTimeout):
+        compile(Regex("fallback[0-9]x"), vocab_of("gpt2"), backend="llguidance", timeout=0.2)
+
+
+def test_unknown_backend():
+    with pytest.raises(ValueError, match="unknown backend"):
+        compile(Regex("a"), "gpt2", backend="xgrammar")
+
+
+def test_engine_exception_becomes_compile_error(vocab_of):
+    with pytest.raises(CompileError):
+        compile(Regex("[z-a]"), vocab_of("gpt2"))

@@ -1,0 +1,100 @@
+"""Bad specs are typed errors with messages that say what is wrong."""
+
+import pydantic
+import pytest
+
+from cdsl_struct import (
+    Choice,
+    CompileError,
+    Grammar,
+    GrammarSyntaxError,
+    InvalidSchema,
+    JsonSchema,
+    Regex,
+    UnsatisfiableSchema,
+    UnsupportedFeature,
+)
+from cdsl_struct.constraints import WhitespacePolicy
+
+
+class Person(pydantic.BaseModel):
+    name: str
+    age: int
+
+
+def test_pydantic_model_is_a_schema():
+    spec = JsonSchema(Person)
+    assert spec.model is Person
+    assert spec.schema["required"] == ["name", "age"]
+
+
+def test_json_string_schema():
+    assert JsonSchema('{"type": "integer"}').schema == {"type": "integer"}
+
+
+def test_schema_failing_metaschema():
+    with pytest.raises(InvalidSchema, match="invalid JSON Schema at type"):
+        JsonSchema({"type": "strnig"})
+    with pytest.raises(InvalidSchema, match="minLength"):
+        JsonSchema({"type": "string", "minLength": -1})
+
+
+def test_schema_not_json():
+    with pytest.raises(InvalidSchema, match="line 1 column 7"):
+        JsonSchema('{"a": }')
+
+
+def test_false_schema_is_unsatisfiable():
+    with pytest.raises(UnsatisfiableSchema):
+        JsonSchema(False)
+
+
+def test_bad_regex_reports_position():
+    with pytest.raises(GrammarSyntaxError, match="position 3"):
+        Regex("abc(")
+
+
+@pytest.mark.parametrize("pattern,feature", [
+    ("(?=a)a", "lookahead"), ("a(?!b)", "negative lookahead"), ("(?<=a)b", "lookbehind"),
+    (r"(a)\1", "backreference"), (r"(?P<x>a)(?P=x)", "backreference"),
+])
+def test_regex_features_no_engine_has(pattern, feature):
+    with pytest.raises(UnsupportedFeature) as info:
+        Regex(pattern)
+    assert feature in info.value.feature
+
+
+def test_choice_needs_options():
+    with pytest.raises(UnsatisfiableSchema):
+        Choice([])
+    assert Choice(["a.b", "c"]).pattern == r"(a\.b)|(c)"
+
+
+def test_grammar_syntax_error_has_line_and_column():
+    with pytest.raises(GrammarSyntaxError) as info:
+        Grammar('start: "a" item\nitem: "b" |\n   foo bar:\n')
+    assert info.value.line == 3 and info.value.column is not None
+
+
+def test_grammar_undefined_rule():
+    with pytest.raises(GrammarSyntaxError, match="foo"):
+        Grammar("start: foo\n")
+
+
+def test_shipped_grammar_by_name_and_path():
+    by_name = Grammar("arithmetic")
+    assert by_name.origin.endswith("arithmetic.lark")
+    assert Grammar(by_name.origin).text == by_name.text
+    with pytest.raises(GrammarSyntaxError, match="does not exist"):
+        Grammar("missing.lark")
+
+
+def test_whitespace_policies():
+    assert WhitespacePolicy.parse("compact").pattern == ""
+    assert WhitespacePolicy.parse("spaced").item_separator == ", "
+    assert WhitespacePolicy.parse("[ \\n]{0,3}").pattern == "[ \\n]{0,3}"
+    for unbounded in ["[ ]*", " +", "( ?)*", "\\s{2,}"]:
+        with pytest.raises(CompileError, match="unbounded"):
+            WhitespacePolicy.parse(unbounded)
+    with pytest.raises(CompileError, match="non-whitespace"):
+        WhitespacePolicy.parse("[ a]?")
