@@ -93,7 +93,9 @@ class ConstraintState(ABC):
             )
         if n == 0:
             return
-        self._engine_rollback(n)
+        engine_tokens = n - 1 if self.finished else n  # EOS is tracked here, never by the engine
+        if engine_tokens:
+            self._engine_rollback(engine_tokens)
         self.num_tokens -= n
         self.finished = False
 
@@ -121,7 +123,6 @@ class ConstraintState(ABC):
             body = tokens[:-1]
             if body:
                 self._engine_consume(body)
-            self._engine_consume_eos()
             self.finished = True
         else:
             self._engine_consume(tokens)
@@ -148,9 +149,6 @@ class ConstraintState(ABC):
     @abstractmethod
     def _engine_consume(self, tokens: list[int]) -> None:
         """Consume already-validated non-EOS tokens."""
-
-    @abstractmethod
-    def _engine_consume_eos(self) -> None: ...
 
     @abstractmethod
     def _engine_rollback(self, n: int) -> None: ...

@@ -150,3 +150,34 @@ def test_unknown_backend():
 def test_engine_exception_becomes_compile_error(vocab_of):
     with pytest.raises(CompileError):
         compile(Regex("[z-a]"), vocab_of("gpt2"))
+
+
+@pytest.mark.parametrize("name", ["json", "arithmetic", "sql_select", "function_call"])
+def test_random_walks_through_shipped_grammars_parse_with_lark(vocab_of, name):
+    import random
+
+    spec = Grammar(name)
+    vocab = vocab_of("gpt2")
+    compiled = compile(spec, vocab)
+    parser = spec.parser()
+    # short tokens holding separators, favoured so that random identifiers and strings end
+    breaking = {i for i, b in enumerate(vocab.token_bytes) if len(b) <= 2 and any(c in b for c in b" ,;)'\"]}")}
+    finished = 0
+    for seed in range(12):
+        rng = random.Random(seed)
+        state, row, tokens = compiled.new_state(), allocate_bitmask(vocab.size), []
+        for step in range(150):
+            state.fill_mask(row)
+            allowed = allowed_tokens(row, vocab.size)
+            if vocab.eos_token_id in allowed and (step > 8 or len(allowed) == 1):
+                state.advance(vocab.eos_token_id)
+                break
+            choices = [t for t in allowed if t != vocab.eos_token_id]
+            preferred = [t for t in choices if t in breaking]
+            token = rng.choice(preferred if preferred and rng.random() < 0.6 else choices)
+            state.advance(token)
+            tokens.append(token)
+        if state.finished:
+            finished += 1
+            parser.parse(vocab.decode(tokens).decode("utf-8"))  # raises if the engine let junk through
+    assert finished >= 4

@@ -143,10 +143,6 @@ class LLGuidanceState(ConstraintState):
         if not self._matcher.consume_tokens(tokens):
             self._check()
 
-    def _engine_consume_eos(self) -> None:
-        self._matcher.consume_token(self.compiled.vocabulary.eos_token_id)
-        self._check()
-
     def _engine_rollback(self, n: int) -> None:
         self._matcher.rollback(n)
         self._check()

@@ -60,23 +60,53 @@ def _regex_for(spec: ConstraintSpec, whitespace: WhitespacePolicy) -> str:
 class OutlinesProgram(EngineProgram):
     """A token-level automaton (``outlines_core.Index``) shared by all states."""
 
-    def __init__(self, index: outlines_core.Index, eos_token_id: int) -> None:
+    def __init__(self, index: outlines_core.Index, vocabulary: TokenVocabulary) -> None:
         self.index = index
-        self.eos_token_id = eos_token_id
-        self._single_choice: dict[int, int | None] = {}
+        self.vocabulary = vocabulary
+        self._forced: dict[int, list[int]] = {}
         self._lock = threading.Lock()
 
     def new_state(self, compiled: Any) -> ConstraintState:
         return OutlinesState(compiled, self)
 
-    def only_token(self, state: int) -> int | None:
-        """The one token allowed in automaton ``state``, if exactly one (EOS excluded)."""
+    def forced_from(self, state: int) -> list[int]:
+        """Tokens forced from automaton ``state`` (cached per state).
+
+        Several tokenizations of the same text are usually allowed (``{``, ``{"``, ``{"id``), so
+        forcing is found at the byte level: follow the shortest allowed token while every
+        allowed token starts with it, then tokenize the forced bytes canonically and keep the
+        tokens the automaton accepts, minus the last one (the text after it may merge into it).
+        """
         with self._lock:
-            if state not in self._single_choice:
-                allowed = self.index.get_allowed_tokens(state) or []
-                single = allowed[0] if len(allowed) == 1 and allowed[0] != self.eos_token_id else None
-                self._single_choice[state] = single
-            return self._single_choice[state]
+            if state not in self._forced:
+                self._forced[state] = self._compute_forced(state)
+            return self._forced[state]
+
+    def _compute_forced(self, state: int) -> list[int]:
+        token_bytes, eos = self.vocabulary.token_bytes, self.vocabulary.eos_token_id
+        forced, current = b"", state
+        for _ in range(256):
+            allowed = self.index.get_allowed_tokens(current) or []
+            if not allowed or eos in allowed:
+                break
+            pieces = [token_bytes[t] for t in allowed]
+            shortest = min(range(len(pieces)), key=lambda i: len(pieces[i]))
+            if not all(piece.startswith(pieces[shortest]) for piece in pieces):
+                break
+            forced += pieces[shortest]
+            current = self.index.get_next_state(current, allowed[shortest])
+        try:
+            text = forced.decode("utf-8")
+        except UnicodeDecodeError:
+            return []
+        tokens = self.vocabulary.encode(text)[:-1] if text else []
+        accepted, current = 0, state
+        for token in tokens:
+            current = self.index.get_next_state(current, token)
+            if current is None:
+                break
+            accepted += 1
+        return tokens[:accepted]
 
 
 class OutlinesCoreBackend:
@@ -94,14 +124,13 @@ class OutlinesCoreBackend:
             if isinstance(spec, Regex) and ("parse" in message.lower() or "syntax" in message.lower()):
                 raise GrammarSyntaxError(f"outlines-core: {message}") from None
             raise CompileError(f"outlines-core: {message}") from None
-        return OutlinesProgram(index, vocabulary.eos_token_id)
+        return OutlinesProgram(index, vocabulary)
 
 
 class OutlinesState(ConstraintState):
     """A ``ConstraintState`` over an outlines-core ``Guide``.
 
-    The guide does not consume EOS (the automaton ends at a final state), so EOS is tracked
-    here; the token history is kept so ``copy`` can rebuild an equivalent guide (copying a
+    The token history is kept so ``copy`` can rebuild an equivalent guide (copying a
     ``Guide`` directly loses its rollback depth).
     """
 
@@ -110,7 +139,6 @@ class OutlinesState(ConstraintState):
         self._program = program
         self._guide = outlines_core.Guide(program.index, max_rollback=self.MAX_ROLLBACK)
         self._history: list[int] = []
-        self._eos_consumed = False
         if history:
             self._engine_consume(history)
 
@@ -121,7 +149,7 @@ class OutlinesState(ConstraintState):
         """(tokens accepted, automaton state after them) from the current state."""
         index, state = self._program.index, self._guide.get_state()
         for count, token in enumerate(tokens):
-            following = index.get_next_state(state, token) if token != self._program.eos_token_id else None
+            following = index.get_next_state(state, token) if token != self._program.vocabulary.eos_token_id else None
             if following is None:
                 return count, state
             state = following
@@ -139,35 +167,18 @@ class OutlinesState(ConstraintState):
             self._guide.advance(token, return_tokens=False)
         self._history.extend(tokens)
 
-    def _engine_consume_eos(self) -> None:
-        self._eos_consumed = True
-
     def _engine_rollback(self, n: int) -> None:
-        if self._eos_consumed:
-            self._eos_consumed = False
-            n -= 1
-        if n:
-            self._guide.rollback_state(n)
-            del self._history[-n:]
+        self._guide.rollback_state(n)
+        del self._history[-n:]
 
     def _engine_forced(self, limit: int) -> list[int]:
-        index, state = self._program.index, self._guide.get_state()
-        forced: list[int] = []
-        while len(forced) < limit:
-            token = self._program.only_token(state)
-            if token is None:
-                break
-            forced.append(token)
-            state = index.get_next_state(state, token)
-        return forced
+        return self._program.forced_from(self._guide.get_state())[:limit]
 
     def _engine_accepting(self) -> bool:
         return self._program.index.is_final_state(self._guide.get_state())
 
     def _engine_copy(self) -> OutlinesState:
-        twin = OutlinesState(self.compiled, self._program, self._history)
-        twin._eos_consumed = self._eos_consumed
-        return twin
+        return OutlinesState(self.compiled, self._program, self._history)
 
 
 BACKEND = OutlinesCoreBackend()
