@@ -165,6 +165,8 @@ class _WorkerHandle:
 def _await(handle: _WorkerHandle, deadline: float, memory_bytes: int) -> tuple[Any, str | None]:
     """The worker's next message, or (None, why) once the deadline or memory budget is passed."""
     while True:
+        if handle.rss() > memory_bytes:
+            return None, "memory budget exceeded"
         if handle.conn.poll(0.02):
             try:
                 return handle.conn.recv(), None
@@ -172,8 +174,6 @@ def _await(handle: _WorkerHandle, deadline: float, memory_bytes: int) -> tuple[A
                 return None, "worker died"
         if time.perf_counter() > deadline:
             return None, "time budget exceeded"
-        if handle.rss() > memory_bytes:
-            return None, "memory budget exceeded"
         if not handle.process.is_alive():
             return None, "worker died"
 

@@ -115,7 +115,10 @@ class OutlinesCoreBackend:
     def compile(
         self, spec: ConstraintSpec, vocabulary: TokenVocabulary, whitespace: WhitespacePolicy
     ) -> OutlinesProgram:
-        regex = _regex_for(spec, whitespace)
+        # Anchoring works around an outlines-core 0.2.14 Index bug: without it, tokens that
+        # continue past a state where the text is already a full match are dropped
+        # (after "1", the "." of "1.5" would be unreachable for a number).
+        regex = f"(?:{_regex_for(spec, whitespace)})\\z"
         oc_vocabulary = vocabulary.engine_object(NAME, _oc_vocabulary)
         try:
             index = outlines_core.Index(regex, oc_vocabulary)
