@@ -100,24 +100,24 @@ def run_case(case: dict[str, Any], vocabulary: TokenVocabulary, config: MaskBenc
         text = json.dumps(test["data"], ensure_ascii=False)
         tokens = vocabulary.encode(text)
         state = compiled.new_state()
-        accepted = True
+        accepted, stopped_at = True, len(tokens)
         for position, token in enumerate(tokens):
             try:
                 tick = time.perf_counter()
                 state.fill_mask(row)
                 mask_us.append((time.perf_counter() - tick) * 1e6)
                 if not is_allowed(row, token):
-                    accepted = False
+                    accepted, stopped_at = False, position
                     break
                 state.advance(token)
             except CdslError as exc:  # engine gave up mid-way (e.g. a lexer resource limit)
                 result["engine_error"] = f"{type(exc).__name__}: {exc}"[:300]
-                accepted = False
+                accepted, stopped_at = False, position
                 break
         if accepted:
             accepted = state.is_complete()
         if accepted != test["valid"]:
-            failures.append({"test": number, "valid": test["valid"], "position": position if tokens else 0})
+            failures.append({"test": number, "valid": test["valid"], "position": stopped_at})
     if any(not f["valid"] for f in failures):
         result["status"] = "invalidation_error"
     elif failures:
