@@ -161,10 +161,8 @@ def _run_with_timeout(work: Any, timeout: float | None, name: str) -> EngineProg
 
     Engines cannot be interrupted, so a timed-out compile keeps running in its daemon thread
     and its result is dropped. (``cdsl-struct bench maskbench`` isolates cases in worker
-    processes that it can kill.)
+    processes that it can kill.) Any exception an engine raises becomes a ``CompileError``.
     """
-    if timeout is None:
-        return work()
     outcome: dict[str, Any] = {}
 
     def target() -> None:
@@ -173,11 +171,14 @@ def _run_with_timeout(work: Any, timeout: float | None, name: str) -> EngineProg
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             outcome["error"] = exc
 
-    thread = threading.Thread(target=target, name=f"cdsl-compile-{name}", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        raise CompileTimeout(f"{name}: compile took longer than {timeout:g} s")
+    if timeout is None:
+        target()
+    else:
+        thread = threading.Thread(target=target, name=f"cdsl-compile-{name}", daemon=True)
+        thread.start()
+        thread.join(timeout)
+        if thread.is_alive():
+            raise CompileTimeout(f"{name}: compile took longer than {timeout:g} s")
     if "error" in outcome:
         error = outcome["error"]
         if isinstance(error, CompileError):

@@ -70,7 +70,9 @@ class _Checker:
         validation = [k for k in schema if k in VALIDATION_KEYWORDS]
         if not validation:
             return None if where == "#" else ("empty subschema {}", where, "an any-value schema breaks the regex")
-        dispatch = next(k for k in DISPATCH_ORDER if k in schema)
+        dispatch = next((k for k in DISPATCH_ORDER if k in schema), None)
+        if dispatch is None:
+            return ("constraints without a type", where, f"{validation[0]} needs a type or a combinator")
         problem = self._siblings(schema, dispatch, validation, where) or self._local(schema, dispatch, where)
         if problem:
             return problem
