@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     tokenizers = commands.add_parser("tokenizers", help="fetch or list the named test tokenizers")
     tokenizers.add_argument("action", choices=["fetch", "list"])
     tokenizers.add_argument("names", nargs="*", help="names to fetch (default: all)")
+    tokenizers.add_argument("--engines", action="store_true",
+                            help="also time building each engine's view of the vocabulary")
 
     args = parser.parse_args(argv)
     if args.command == "bench" and args.bench == "maskbench":
@@ -58,7 +60,8 @@ def _maskbench(args: argparse.Namespace) -> int:
 def _tokenizers(args: argparse.Namespace) -> int:
     import time
 
-    from .constraints.vocabulary import TokenVocabulary
+    from .constraints import Regex, TokenVocabulary, compile
+    from .constraints.backends import BACKEND_NAMES
     from .models.tokenizers import NAMED_TOKENIZERS, load_tokenizer, named_tokenizer_dir
 
     names = args.names or list(NAMED_TOKENIZERS)
@@ -70,8 +73,14 @@ def _tokenizers(args: argparse.Namespace) -> int:
         folder = named_tokenizer_dir(name)
         fetched = time.perf_counter() - start
         vocabulary = TokenVocabulary.from_tokenizer(load_tokenizer(name))
+        engines = ""
+        if args.engines:
+            for engine in BACKEND_NAMES:
+                tick = time.perf_counter()
+                compile(Regex("x"), vocabulary, backend=engine, cache=False)
+                engines += f"  {engine} view {time.perf_counter() - tick:5.2f}s"
         print(f"{name:8s} {vocabulary.size:7d} tokens  {vocabulary.scheme:13s} fetch {fetched:5.1f}s  "
-              f"vocabulary {vocabulary.build_seconds:5.2f}s  {folder}")
+              f"vocabulary {vocabulary.build_seconds:5.2f}s{engines}  {folder}")
     return 0
 
 

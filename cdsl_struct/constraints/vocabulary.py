@@ -139,10 +139,11 @@ def _decoder_types(node: Any) -> set[str]:
 def _build_vocabulary(tokenizer: Any, eos_token_ids: Sequence[int] | None) -> TokenVocabulary:
     start = time.perf_counter()
     backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
-    if not hasattr(backend, "to_str"):
+    if not hasattr(backend, "get_added_tokens_decoder"):
         raise UnsupportedTokenizer(f"need a fast (Rust) tokenizer, got {type(tokenizer)!r}")
-    config = json.loads(backend.to_str())
-    decoders = _decoder_types(config.get("decoder"))
+    # the decoder alone: serialising the whole tokenizer (merges included) costs seconds
+    decoder = json.loads(backend.decoder.__getstate__()) if backend.decoder is not None else None
+    decoders = _decoder_types(decoder)
     if "ByteLevel" in decoders:
         scheme = "byte-level"
     elif decoders & {"ByteFallback", "Metaspace", "Replace"}:
