@@ -1,0 +1,223 @@
+"""The one step loop every decoder shares.
+
+Each step: proposers (the grammar's forced tokens, prompt lookup, a draft model) may speculate
+tokens, advancing the shared constraint state and recording the mask of every position; the
+target scores all proposed positions plus one more in a single pass; the verifier accepts a
+prefix (greedy argmax match or rejection sampling), rolls the state back past the rejected
+tail and commits one target-chosen token. With no proposer this is plain target decoding.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from ..constraints import CompiledConstraint, ConstraintState
+from ..constraints.mask import allocate_bitmask
+from ..models.runner import ModelRunner
+from ..result import DecodeStats, Result, parse_value
+from .sampling import SamplingParams, choose, distribution, masked_logits
+
+
+@dataclass
+class Proposal:
+    """Speculated tokens (already advanced into the state) and what verifying them needs.
+
+    ``masks[i]`` is the mask before ``tokens[i]``; ``masks[len(tokens)]`` the one after them.
+    ``draft_probs[i]`` is the draft's distribution for ``tokens[i]``, or None when the token
+    was proposed deterministically (forced, looked up, or a greedy draft).
+    """
+
+    tokens: list[int] = field(default_factory=list)
+    masks: list[torch.Tensor] = field(default_factory=list)
+    draft_probs: list[torch.Tensor | None] = field(default_factory=list)
+    forced: int = 0
+
+    @property
+    def drafted(self) -> int:
+        """Proposed tokens that did not come from the constraint."""
+        return len(self.tokens) - self.forced
+
+
+class Proposer(Protocol):
+    """A draft source: extend ``proposal`` by up to ``budget`` tokens, advancing the state."""
+
+    name: str
+
+    def propose(self, session: Session, proposal: Proposal, budget: int) -> None: ...
+
+
+@dataclass
+class Session:
+    """One sequence being decoded: prompt, committed output, state, runners, counters."""
+
+    prompt: list[int]
+    compiled: CompiledConstraint
+    state: ConstraintState
+    target: ModelRunner
+    params: SamplingParams
+    generator: torch.Generator
+    stats: DecodeStats
+    output: list[int] = field(default_factory=list)
+
+    @property
+    def sequence(self) -> list[int]:
+        """Prompt plus committed output."""
+        return self.prompt + self.output
+
+    def current_mask(self) -> torch.Tensor:
+        """A fresh copy of the mask at the current position."""
+        row = allocate_bitmask(self.compiled.vocab_size)
+        self.state.fill_mask(row)
+        return row
+
+    def speculate(self, proposal: Proposal, token: int, probs: torch.Tensor | None) -> None:
+        """Advance the shared state by a proposed token (its mask is already recorded)."""
+        self.state.advance(token)
+        proposal.tokens.append(token)
+        proposal.draft_probs.append(probs)
+
+
+def forced_proposer() -> Proposer:
+    """Tokens the constraint forces next: free to propose, verified like any other draft."""
+
+    class Forced:
+        name = "forced"
+
+        def propose(self, session: Session, proposal: Proposal, budget: int) -> None:
+            for token in session.state.forced_tokens(limit=budget):
+                proposal.masks.append(session.current_mask())
+                session.speculate(proposal, token, None)
+                proposal.forced += 1
+                session.stats.forced += 1
+
+    return Forced()
+
+
+def decode(
+    target: ModelRunner,
+    compiled: CompiledConstraint,
+    prompt: Sequence[int],
+    *,
+    proposers: Sequence[Proposer] = (),
+    k: int = 4,
+    max_tokens: int = 256,
+    params: SamplingParams | None = None,
+    on_tokens: Callable[[list[int]], None] | None = None,
+) -> Result:
+    """Decode under ``compiled`` with the target verifying what ``proposers`` speculate.
+
+    ``k`` bounds the tokens proposed per step (forced tokens may add up to 32 more).
+    ``on_tokens`` receives each step's newly committed tokens (streaming).
+    """
+    if k < 0:
+        raise ValueError(f"k must be >= 0, got {k}")
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    params = params or SamplingParams()
+    started = time.perf_counter()
+    state = compiled.new_state()
+    session = Session(list(prompt), compiled, state, target, params, params.generator(), DecodeStats())
+    target.reset()
+    target_before = (target.passes, target.positions, target.seconds)
+    if len(session.prompt) > 1:
+        target.run(session.prompt[:-1], keep=1)  # prefill; the last prompt token goes with step 1
+    session.stats.prefill_seconds = time.perf_counter() - started
+
+    dead_end = False
+    while not state.finished and len(session.output) < max_tokens:
+        committed = step(session, proposers, k, max_tokens)
+        if not committed:
+            dead_end = True
+            break
+        if on_tokens is not None:
+            on_tokens(committed)
+
+    return _result(session, dead_end, started, target_before)
+
+
+def step(session: Session, proposers: Sequence[Proposer], k: int, max_tokens: int) -> list[int]:
+    """Propose, verify in one target pass, commit. Returns the committed tokens ([] = dead end)."""
+    room = max_tokens - len(session.output) - 1  # one slot stays free for the target's own token
+    proposal = Proposal()
+    for proposer in proposers:
+        budget = min(room - len(proposal.tokens), 32 if proposer.name == "forced" else k - proposal.drafted)
+        if budget <= 0 or session.state.finished:
+            continue
+        proposer.propose(session, proposal, budget)
+    proposal.masks.append(session.current_mask())
+    session.stats.proposed += len(proposal.tokens)
+
+    logits = session.target.run(session.sequence + proposal.tokens, keep=len(proposal.tokens) + 1)
+    accepted, extra = verify(session, proposal, logits)
+    session.stats.accepted += accepted
+    session.state.rollback(len(proposal.tokens) - accepted)
+    committed = proposal.tokens[:accepted]
+    if extra is not None:
+        session.state.advance(extra)
+        committed.append(extra)
+    elif not committed:
+        return []
+    session.output.extend(committed)
+    return committed
+
+
+def verify(session: Session, proposal: Proposal, logits: torch.Tensor) -> tuple[int, int | None]:
+    """How many proposed tokens the target accepts, and the token it adds after them.
+
+    Greedy: accept while the masked target argmax equals the proposal; the argmax at the first
+    mismatch (or after the last proposal) is the extra token. Sampling: accept token x with
+    probability min(1, p(x)/q(x)) (q a point mass for deterministic proposals); on rejection,
+    sample from the normalised residual max(p - q, 0); after full acceptance, sample from p.
+    The extra token is None only when EOS was accepted or no token is allowed.
+    """
+    params, generator = session.params, session.generator
+    for i, token in enumerate(proposal.tokens):
+        target_logits = masked_logits(logits[i], proposal.masks[i])
+        if params.greedy:
+            best = int(torch.argmax(target_logits))
+            if best != token:
+                return i, best
+            continue
+        p = distribution(target_logits, params)
+        q = proposal.draft_probs[i]
+        q_token = 1.0 if q is None else float(q[token])
+        if float(torch.rand((), generator=generator)) * q_token < float(p[token]):
+            continue
+        residual = p.clone()
+        if q is None:
+            residual[token] = 0.0
+        else:
+            residual = torch.clamp(p - q, min=0.0)
+        if float(residual.sum()) <= 0:
+            residual = p
+        return i, int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
+    accepted = len(proposal.tokens)
+    if session.state.finished:
+        return accepted, None
+    final = masked_logits(logits[accepted], proposal.masks[accepted])
+    if not torch.isfinite(final).any():
+        return accepted, None
+    return accepted, choose(final, params, generator)
+
+
+def _result(session: Session, dead_end: bool, started: float, target_before: tuple) -> Result:
+    state, stats, target = session.state, session.stats, session.target
+    vocab = session.compiled.vocabulary
+    body = [t for t in session.output if t not in vocab.eos_token_ids]
+    text = vocab.decode(body).decode("utf-8", errors="replace")
+    complete = state.is_complete()
+    finish = "stop" if state.finished else ("constraint_dead_end" if dead_end else "length")
+    stats.tokens = len(session.output)
+    stats.target_passes = target.passes - target_before[0]
+    stats.target_positions = target.positions - target_before[1]
+    stats.target_seconds = target.seconds - target_before[2]
+    stats.mask_seconds = state.mask_seconds
+    stats.decode_seconds = time.perf_counter() - started - stats.prefill_seconds
+    value: Any = parse_value(session.compiled.spec, text) if complete else None
+    return Result(text=text, tokens=list(session.output), finish_reason=finish, complete=complete,
+                  value=value, stats=stats)

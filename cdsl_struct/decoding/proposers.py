@@ -1,0 +1,105 @@
+"""Draft sources for speculative decoding, all proposing under the shared constraint state."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ..models.runner import ModelRunner
+from .loop import Proposal, Proposer, Session
+from .sampling import distribution, masked_logits
+
+
+class DraftModelProposer:
+    """A small model (same tokenizer) proposes one masked token per forward pass.
+
+    Its KV cache follows the committed sequence: rejected speculation is cropped away on the
+    next call. Greedy decoding proposes the masked argmax; sampling samples the masked draft
+    distribution and hands it to the verifier.
+    """
+
+    name = "draft"
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+
+    def propose(self, session: Session, proposal: Proposal, budget: int) -> None:
+        for _ in range(budget):
+            positions, seconds = self.runner.positions, self.runner.seconds
+            logits = self.runner.run(session.sequence + proposal.tokens, keep=1)[-1]
+            session.stats.draft_passes += 1
+            session.stats.draft_positions += self.runner.positions - positions
+            session.stats.draft_seconds += self.runner.seconds - seconds
+            mask = session.current_mask()
+            proposal.masks.append(mask)
+            draft_logits = masked_logits(logits, mask)
+            if not torch.isfinite(draft_logits).any():
+                proposal.masks.pop()
+                return
+            if session.params.greedy:
+                token, probs = int(torch.argmax(draft_logits)), None
+            else:
+                probs = distribution(draft_logits, session.params)
+                token = int(torch.multinomial(probs, 1, generator=session.generator))
+            session.speculate(proposal, token, probs)
+            if session.state.finished:
+                return
+
+
+class PromptLookupProposer:
+    """Copy what followed the latest earlier occurrence of the current n-gram suffix.
+
+    Searches the prompt and the output so far, longest n-gram first (``max_ngram`` down to
+    ``min_ngram``); the copied span is cut where the constraint would refuse it. Costs no model
+    call, and extraction tasks copy long spans from their input.
+    """
+
+    name = "lookup"
+
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 1) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError("prompt lookup needs 1 <= min_ngram <= max_ngram")
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+
+    def propose(self, session: Session, proposal: Proposal, budget: int) -> None:
+        context = session.sequence + proposal.tokens
+        span = self.lookup(context, budget)
+        if not span:
+            return
+        span = span[: session.state.validate(span)]
+        for token in span:
+            proposal.masks.append(session.current_mask())
+            session.speculate(proposal, token, None)
+            if session.state.finished:
+                return
+
+    def lookup(self, context: Sequence[int], budget: int) -> list[int]:
+        """The continuation after the latest earlier match of the longest matching suffix."""
+        for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
+            suffix = list(context[-n:])
+            for start in range(len(context) - n - 1, -1, -1):
+                if list(context[start:start + n]) == suffix:
+                    follow = list(context[start + n:start + n + budget])
+                    if follow:
+                        return follow
+        return []
+
+
+def build_proposers(draft: str | None, target_model: object, *, lookup: PromptLookupProposer | None = None
+                    ) -> list[Proposer]:
+    """Proposers for a draft spec: ``None``/``"none"`` (forced tokens only), ``"lookup"``,
+    ``"bf16"``, ``"layers:N"``, or combinations joined by ``+`` (``"lookup+bf16"``)."""
+    from ..models.runner import self_draft
+    from .loop import forced_proposer
+
+    proposers: list[Proposer] = [forced_proposer()]
+    for part in (draft or "none").split("+"):
+        if part == "none":
+            continue
+        if part == "lookup":
+            proposers.append(lookup or PromptLookupProposer())
+        else:
+            proposers.append(DraftModelProposer(ModelRunner(self_draft(target_model, part), name=part)))
+    return proposers

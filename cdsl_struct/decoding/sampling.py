@@ -1,0 +1,58 @@
+"""Choosing tokens from masked logits: greedy, temperature, top-p, and the distributions that
+speculative sampling compares."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..constraints.mask import apply_bitmask
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """``temperature == 0`` means greedy. ``top_p`` keeps the smallest nucleus of that mass."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def generator(self) -> torch.Generator:
+        gen = torch.Generator()
+        gen.manual_seed(self.seed if self.seed is not None else torch.seed())
+        return gen
+
+
+def masked_logits(logits: torch.Tensor, mask_row: torch.Tensor) -> torch.Tensor:
+    """A masked copy of 1-D ``logits`` (disallowed -> -inf)."""
+    return apply_bitmask(logits.clone(), mask_row)
+
+
+def distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Probabilities after temperature and top-p, from already-masked logits."""
+    probs = torch.softmax(logits / params.temperature, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        sorted_probs[before >= params.top_p] = 0.0
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+        probs /= probs.sum()
+    return probs
+
+
+def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+    """Argmax when greedy, else a sample from ``distribution``."""
+    if params.greedy:
+        return int(torch.argmax(logits))
+    return int(torch.multinomial(distribution(logits, params), 1, generator=generator))

@@ -1,0 +1,109 @@
+"""Load causal LMs: the embedded default, a GGUF file, a local folder or an HF id.
+
+GGUF weights are dequantised once by transformers (tens of seconds) and cached as safetensors
+under the user cache dir, so later loads take well under a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import CdslError
+from ..paths import cache_dir
+from .tokenizers import load_tokenizer, smollm2_gguf_path
+
+DEFAULT_MODEL = "smollm2"
+_load_lock = threading.Lock()
+
+
+class ModelNotFound(CdslError):
+    """A model name, path or id could not be resolved or loaded."""
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM with its tokenizer. ``name`` is how it was asked for."""
+
+    name: str
+    model: Any
+    tokenizer: Any
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """EOS ids from the generation config and the tokenizer, primary first."""
+        ids: list[int] = []
+        for source in (self.tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):
+            for token in source if isinstance(source, list) else [source]:
+                if token is not None and token not in ids:
+                    ids.append(token)
+        return ids
+
+
+def load_model(spec: str | Path = DEFAULT_MODEL, *, dtype: Any = None) -> LoadedModel:
+    """Load a model for decoding (eval mode, float32 unless ``dtype`` says otherwise).
+
+    ``spec``: ``"smollm2"`` (the embedded default, SmolLM2-135M-Instruct), a ``.gguf`` file, a
+    local folder with ``config.json``, or an HF id already in the local HF cache.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = dtype or torch.float32
+    name = str(spec)
+    if name == DEFAULT_MODEL:
+        folder = prepared_gguf(smollm2_gguf_path(), "smollm2-135m-instruct")
+        tokenizer = load_tokenizer("smollm2")
+    elif name.endswith(".gguf"):
+        folder = prepared_gguf(Path(name))
+        tokenizer = load_tokenizer(str(folder))
+    else:
+        folder = Path(name) if Path(name).exists() else None
+        tokenizer = load_tokenizer(name)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(folder) if folder else name, dtype=dtype)
+    except Exception as exc:  # OSError, ValueError, hub errors
+        raise ModelNotFound(f"could not load model {name!r}: {exc}") from exc
+    model.eval()
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer)
+
+
+def prepared_gguf(gguf: Path, label: str | None = None) -> Path:
+    """Dequantise ``gguf`` once into a cached safetensors folder; return the folder."""
+    if not gguf.exists():
+        raise ModelNotFound(f"GGUF file {gguf} does not exist")
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    target = cache_dir("models") / f"{label or gguf.stem}-{key}"
+    if (target / "model.safetensors").exists():
+        return target
+    with _load_lock:
+        if (target / "model.safetensors").exists():
+            return target
+        _dequantise(gguf, target)
+    return target
+
+
+def _dequantise(gguf: Path, target: Path) -> None:
+    import torch
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    staging = target.with_name(target.name + f".part{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    save_model(model, str(staging / "model.safetensors"))
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # the weights saved here are plain float32
+    config.save_pretrained(str(staging))
+    model.generation_config.save_pretrained(str(staging))
+    AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(str(staging))
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)

@@ -1,0 +1,71 @@
+"""``Result``: what a decoder returns, and the counters that explain its cost."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+FINISH_REASONS = ("stop", "length", "constraint_dead_end")
+
+
+@dataclass
+class DecodeStats:
+    """Counters of one decode; they compare strategies independently of the machine."""
+
+    target_passes: int = 0
+    target_positions: int = 0
+    draft_passes: int = 0
+    draft_positions: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    forced: int = 0
+    mask_seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    target_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    tokens: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def target_passes_per_token(self) -> float:
+        """Target forward passes per generated token, prefill excluded."""
+        return (self.target_passes - 1) / self.tokens if self.tokens else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["acceptance_rate"] = round(self.acceptance_rate, 4)
+        data["target_passes_per_token"] = round(self.target_passes_per_token, 4)
+        return {k: round(v, 5) if isinstance(v, float) else v for k, v in data.items()}
+
+
+@dataclass
+class Result:
+    """A decoded output. ``value`` is set only when the output is complete (valid).
+
+    ``finish_reason``: ``stop`` (EOS at a complete state), ``length`` (``max_tokens`` reached),
+    or ``constraint_dead_end`` (no token was allowed).
+    """
+
+    text: str
+    tokens: list[int]
+    finish_reason: str
+    complete: bool
+    value: Any = None
+    stats: DecodeStats = field(default_factory=DecodeStats)
+
+
+def parse_value(spec: Any, text: str) -> Any:
+    """The value of a complete output: JSON (or a pydantic instance), a ``lark.Tree``, or text."""
+    kind = getattr(spec, "kind", "")
+    if kind == "json_schema":
+        data = json.loads(text)
+        model = getattr(spec, "model", None)
+        return model.model_validate(data) if model is not None else data
+    if kind == "grammar":
+        return spec.parser().parse(text)
+    return text
