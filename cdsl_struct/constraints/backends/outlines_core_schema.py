@@ -44,7 +44,7 @@ WITH_TYPE: dict[str, frozenset[str]] = {
     "array": frozenset({"items", "minItems", "maxItems"}),
     "object": frozenset({"additionalProperties", "minProperties"}),
 }
-SAFE_FORMATS = frozenset({"date", "uuid"})
+SAFE_FORMATS = frozenset({"uuid"})  # "date" has no calendar check: 2024-02-30 passes
 MAX_REF_DEPTH = 3  # outlines-core's default max_recursion_depth
 _NEEDS_ESCAPE = re.compile(r'["\\\x00-\x1f]')
 
