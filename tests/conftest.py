@@ -27,3 +27,14 @@ def vocab_of():
         return cache[name]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The embedded default model (SmolLM2-135M-Instruct), loaded once."""
+    import torch
+
+    from cdsl_struct.models.loading import load_model
+
+    torch.manual_seed(0)
+    return load_model("smollm2")
