@@ -7,6 +7,7 @@ whitespace options are forced by our policy, so no schema can loosen either.
 
 from __future__ import annotations
 
+import ctypes
 import re
 import threading
 from typing import Any
@@ -99,9 +100,18 @@ class LLGuidanceProgram(EngineProgram):
         self._lock = threading.Lock()
 
     def new_state(self, compiled: Any) -> ConstraintState:
+        return LLGuidanceState(compiled, self.new_matcher(), self)
+
+    def replay(self, history: list[int]) -> llguidance.LLMatcher:
+        """A fresh matcher advanced through ``history``."""
+        matcher = self.new_matcher()
+        if history:
+            matcher.consume_tokens(history)
+        return matcher
+
+    def new_matcher(self) -> llguidance.LLMatcher:
         with self._lock:
-            matcher = self._prototype.deep_copy()
-        return LLGuidanceState(compiled, matcher)
+            return self._prototype.deep_copy()
 
 
 class LLGuidanceBackend:
@@ -122,11 +132,18 @@ class LLGuidanceBackend:
 
 
 class LLGuidanceState(ConstraintState):
-    """A ``ConstraintState`` backed by one ``llguidance.LLMatcher``."""
+    """A ``ConstraintState`` backed by one ``llguidance.LLMatcher``.
 
-    def __init__(self, compiled: Any, matcher: llguidance.LLMatcher) -> None:
+    The token history is kept so that a matcher that reached a dead end (llguidance's
+    ``NoExtensionBias``: no token can continue) can be rebuilt; the mask there is empty.
+    """
+
+    def __init__(self, compiled: Any, matcher: llguidance.LLMatcher, program: LLGuidanceProgram,
+                 history: list[int] | None = None) -> None:
         super().__init__(compiled)
         self._matcher = matcher
+        self._program = program
+        self._history: list[int] = list(history or [])
 
     def _check(self) -> None:
         if self._matcher.is_error():
@@ -134,6 +151,10 @@ class LLGuidanceState(ConstraintState):
 
     def _engine_fill(self, pointer: int, nbytes: int) -> None:
         self._matcher.unsafe_compute_mask_ptr(pointer, nbytes)
+        if self._matcher.is_error() and "NoExtensionBias" in self._matcher.get_error():
+            ctypes.memset(pointer, 0, nbytes)
+            self._matcher = self._program.replay(self._history)
+            return
         self._check()
 
     def _engine_validate(self, tokens: list[int]) -> int:
@@ -142,10 +163,12 @@ class LLGuidanceState(ConstraintState):
     def _engine_consume(self, tokens: list[int]) -> None:
         if not self._matcher.consume_tokens(tokens):
             self._check()
+        self._history.extend(tokens)
 
     def _engine_rollback(self, n: int) -> None:
         self._matcher.rollback(n)
         self._check()
+        del self._history[-n:]
 
     def _engine_forced(self, limit: int) -> list[int]:
         eos = set(self.compiled.vocabulary.eos_token_ids)
@@ -166,7 +189,7 @@ class LLGuidanceState(ConstraintState):
         return self._matcher.validate_tokens(with_eos) == len(with_eos)
 
     def _engine_copy(self) -> LLGuidanceState:
-        return LLGuidanceState(self.compiled, self._matcher.deep_copy())
+        return LLGuidanceState(self.compiled, self._matcher.deep_copy(), self._program, self._history)
 
 
 BACKEND = LLGuidanceBackend()
