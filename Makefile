@@ -26,7 +26,7 @@ test: assets
 	$(PY) -m pytest -q
 
 demo: assets
-	$(PY) examples/mask_demo.py
+	$(PY) examples/extract_json.py
 
 lint: setup
 	$(VENV)/bin/ruff check cdsl_struct tests examples
