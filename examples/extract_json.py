@@ -32,8 +32,9 @@ def main() -> int:
     schema = json.loads(SCHEMA_FILE.read_text())
     compiled = cs.compile(cs.JsonSchema(schema), loaded.tokenizer, eos_token_ids=loaded.eos_token_ids)
     print(f"schema     {SCHEMA_FILE.name} compiled by {compiled.backend} in {1e3 * compiled.compile_seconds:.0f} ms")
+    request = f"Extract the person as JSON with keys {', '.join(schema['properties'])}.\n\n{PASSAGE}"
     prompt = loaded.tokenizer.apply_chat_template(
-        [{"role": "user", "content": f"Extract the person as JSON with keys {', '.join(schema['properties'])}.\n\n{PASSAGE}"}],
+        [{"role": "user", "content": request}],
         add_generation_prompt=True, tokenize=True,
     )["input_ids"]
 

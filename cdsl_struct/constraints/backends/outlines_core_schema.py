@@ -87,7 +87,9 @@ class _Checker:
                 return (f"{dispatch} beside {others[0]}", where, "the sibling keyword would be dropped")
             return None
         if dispatch == "properties":
-            allowed = {"type", "required", "additionalProperties", "minProperties"}
+            allowed = {"type", "required", "additionalProperties"}
+            if schema.get("minProperties", 0) <= len(schema.get("required", [])):
+                allowed.add("minProperties")  # implied by the required names
         elif dispatch == "type":
             declared = schema["type"]
             allowed = set(WITH_TYPE.get(declared, ())) if isinstance(declared, str) else set()
