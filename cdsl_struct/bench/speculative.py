@@ -125,7 +125,7 @@ def run_speculative_bench(tasks: list[dict[str, Any]], config: SpeculativeConfig
     loaded = load_model(config.model)
     tokenizer, model = loaded.tokenizer, loaded.model
     target = ModelRunner(model)
-    proposers = build_proposers(config.draft, model)
+    proposers = build_proposers(config.draft, model, target_tokenizer=tokenizer)
     assistant = self_draft(model, "bf16") if config.with_hf else None
     prepared = []
     for task in tasks:

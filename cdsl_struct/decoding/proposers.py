@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -87,11 +88,18 @@ class PromptLookupProposer:
         return []
 
 
-def build_proposers(draft: str | None, target_model: object, *, lookup: PromptLookupProposer | None = None
-                    ) -> list[Proposer]:
-    """Proposers for a draft spec: ``None``/``"none"`` (forced tokens only), ``"lookup"``,
-    ``"bf16"``, ``"layers:N"``, or combinations joined by ``+`` (``"lookup+bf16"``)."""
-    from ..models.runner import self_draft
+def build_proposers(draft: str | None, target_model: Any, *, target_tokenizer: Any = None,
+                    lookup: PromptLookupProposer | None = None) -> list[Proposer]:
+    """Proposers for a draft spec, the grammar's forced tokens always first.
+
+    Parts joined by ``+`` (``"lookup+bf16"``): ``"none"``, ``"lookup"`` (prompt lookup),
+    ``"bf16"`` / ``"layers:N"`` (self-drafts from the target's weights), or any model
+    ``load_model`` accepts (an HF id, folder or GGUF file), whose tokenizer must map every id to
+    the same bytes as ``target_tokenizer`` (else ``IncompatibleTokenizers``).
+    """
+    from ..constraints.vocabulary import TokenVocabulary
+    from ..models.loading import load_model
+    from ..models.runner import check_same_vocabulary, self_draft
     from .loop import forced_proposer
 
     proposers: list[Proposer] = [forced_proposer()]
@@ -100,6 +108,13 @@ def build_proposers(draft: str | None, target_model: object, *, lookup: PromptLo
             continue
         if part == "lookup":
             proposers.append(lookup or PromptLookupProposer())
-        else:
+        elif part == "bf16" or part.startswith("layers:"):
             proposers.append(DraftModelProposer(ModelRunner(self_draft(target_model, part), name=part)))
+        else:
+            loaded = load_model(part)
+            if target_tokenizer is None:
+                raise ValueError("a separate draft model needs target_tokenizer to check compatibility")
+            check_same_vocabulary(TokenVocabulary.from_tokenizer(target_tokenizer),
+                                  TokenVocabulary.from_tokenizer(loaded.tokenizer))
+            proposers.append(DraftModelProposer(ModelRunner(loaded.model, name=part)))
     return proposers
