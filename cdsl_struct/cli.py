@@ -69,12 +69,7 @@ def _maskbench(args: argparse.Namespace) -> int:
         tests_timeout_s=args.tests_timeout, memory_limit_mb=args.memory_mb,
     )
     report = run_maskbench(cases, args.tokenizer, config, progress=not args.no_progress)
-    report["summary"]["command"] = "cdsl-struct " + " ".join(sys.argv[1:])
-    print(format_table(report["summary"]))
-    if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps(report, indent=1), encoding="utf-8")
-    return 0
+    return _report(report, format_table(report["summary"]), args.json_out)
 
 
 def _speculative(args: argparse.Namespace) -> int:
@@ -83,11 +78,16 @@ def _speculative(args: argparse.Namespace) -> int:
     config = SpeculativeConfig(draft=args.draft, k=args.k, max_tokens=args.max_tokens, repeat=args.repeat,
                                model=args.model, with_hf=not args.no_hf)
     report = run_speculative_bench(load_tasks(args.prompts), config, progress=not args.no_progress)
+    return _report(report, format_table(report["summary"]), args.json_out)
+
+
+def _report(report: dict, table: str, json_out: str | None) -> int:
+    """Print a bench's table; write its report (with the command that made it) as JSON."""
     report["summary"]["command"] = "cdsl-struct " + " ".join(sys.argv[1:])
-    print(format_table(report["summary"]))
-    if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps(report, indent=1), encoding="utf-8")
+    print(table)
+    if json_out:
+        Path(json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_out).write_text(json.dumps(report, indent=1), encoding="utf-8")
     return 0
 
 

@@ -51,14 +51,15 @@ def load_cases(data: str | Path, limit: int | None = None, seed: int = 0) -> lis
     """
     path = Path(data)
     files = sorted(p for p in path.iterdir() if p.name.endswith((".jsonl", ".jsonl.gz"))) if path.is_dir() else [path]
-    cases = [case for file in files for case in _read_jsonl(file)]
+    cases = [case for file in files for case in read_jsonl(file)]
     if limit is not None and limit < len(cases):
         picked = sorted(random.Random(seed).sample(range(len(cases)), limit))
         cases = [cases[i] for i in picked]
     return cases
 
 
-def _read_jsonl(file: Path) -> Iterator[dict[str, Any]]:
+def read_jsonl(file: Path) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a ``.jsonl`` or ``.jsonl.gz`` file, one per non-empty line."""
     opener = gzip.open if file.name.endswith(".gz") else open
     with opener(file, "rt", encoding="utf-8") as handle:
         for line in handle:

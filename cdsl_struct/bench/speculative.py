@@ -22,6 +22,7 @@ from ..constraints.mask import allocate_bitmask, apply_bitmask
 from ..decoding import build_proposers, decode
 from ..models.loading import load_model
 from ..models.runner import ModelRunner, self_draft
+from .maskbench import read_jsonl
 
 DEFAULT_TASKS: list[dict[str, Any]] = [
     {"prompt": "Extract the person as JSON with keys name, age, city.\n\n"
@@ -83,7 +84,7 @@ def load_tasks(path: str | Path | None) -> list[dict[str, Any]]:
     """Tasks from a JSON-lines file (``prompt`` + ``schema`` | ``regex`` | ``grammar``), or the defaults."""
     if path is None:
         return DEFAULT_TASKS
-    tasks = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    tasks = list(read_jsonl(Path(path)))
     for number, task in enumerate(tasks):
         if "prompt" not in task or not any(key in task for key in ("schema", "regex", "grammar")):
             raise ValueError(f"task {number}: needs 'prompt' and one of 'schema', 'regex', 'grammar'")
