@@ -1,0 +1,83 @@
+"""The reward protocol, score checking, and combinators."""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+
+from ..errors import CdslError
+
+
+class RewardError(CdslError):
+    """A reward returned something that is not a number in [0, 1]."""
+
+
+def checked_score(value: object, source: object = "reward") -> float:
+    """``value`` as a float in [0, 1]; ``RewardError`` for NaN, infinities or out of range."""
+    try:
+        score = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise RewardError(f"{source} returned {value!r}, not a number") from None
+    if math.isnan(score) or not 0.0 <= score <= 1.0:
+        raise RewardError(f"{source} returned {score}, outside [0, 1]")
+    return score
+
+
+class Reward(ABC):
+    """Scores text in [0, 1]. ``final`` says whether the text is the finished output."""
+
+    @abstractmethod
+    def score(self, text: str, *, final: bool) -> float: ...
+
+    def __call__(self, text: str, *, final: bool = False) -> float:
+        return checked_score(self.score(text, final=final), type(self).__name__)
+
+
+class CallableReward(Reward):
+    """A user function ``fn(text, final) -> float`` (or ``fn(text)``) as a reward."""
+
+    def __init__(self, fn: Callable[..., float], name: str | None = None) -> None:
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", "callable reward")
+
+    def score(self, text: str, *, final: bool) -> float:
+        try:
+            return self.fn(text, final=final)
+        except TypeError:
+            return self.fn(text)
+
+    def __call__(self, text: str, *, final: bool = False) -> float:
+        return checked_score(self.score(text, final=final), self.name)
+
+
+def as_reward(value: Reward | Callable[..., float]) -> Reward:
+    return value if isinstance(value, Reward) else CallableReward(value)
+
+
+class WeightedMean(Reward):
+    """The weighted mean of several rewards (weights default to equal)."""
+
+    def __init__(self, rewards: Sequence[Reward | Callable[..., float]], weights: Sequence[float] | None = None):
+        if not rewards:
+            raise ValueError("WeightedMean needs at least one reward")
+        self.rewards = [as_reward(r) for r in rewards]
+        self.weights = list(weights) if weights is not None else [1.0] * len(self.rewards)
+        if len(self.weights) != len(self.rewards) or any(w < 0 for w in self.weights) or sum(self.weights) <= 0:
+            raise ValueError("weights must be non-negative, one per reward, and not all zero")
+
+    def score(self, text: str, *, final: bool) -> float:
+        total = sum(w * r(text, final=final) for w, r in zip(self.weights, self.rewards, strict=True))
+        return total / sum(self.weights)
+
+
+class MinReward(Reward):
+    """The lowest of several rewards: every one must be satisfied."""
+
+    def __init__(self, rewards: Sequence[Reward | Callable[..., float]]):
+        if not rewards:
+            raise ValueError("MinReward needs at least one reward")
+        self.rewards = [as_reward(r) for r in rewards]
+
+    def score(self, text: str, *, final: bool) -> float:
+        return min(r(text, final=final) for r in self.rewards)

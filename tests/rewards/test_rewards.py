@@ -1,0 +1,67 @@
+"""Rewards: keyword inflections, harmlessness, progress rewards, combinators, bad scores."""
+
+import math
+
+import pytest
+
+from cdsl_struct.rewards import (
+    CallableReward,
+    Harmlessness,
+    KeywordCoverage,
+    MinReward,
+    RegexMatch,
+    RewardError,
+    SchemaProgress,
+    WeightedMean,
+)
+
+
+def test_keyword_coverage_counts_inflections():
+    reward = KeywordCoverage(["field_N", "look_V", "stand_V"])
+    assert reward("The player stood in the field looking at the batter.") == 1.0
+    assert reward.covered("Two fields, standing room only") == ["field", "stand"]
+    assert reward("Nothing relevant here.") == 0.0
+    assert reward("a field") == pytest.approx(1 / 3)
+    assert reward.missing("a field") == ["look", "stand"]
+
+
+def test_keyword_coverage_hard_mode_and_word_boundaries():
+    hard = KeywordCoverage(["dance", "kid"], mode="hard")
+    assert hard("The kids danced.") == 1.0
+    assert hard("The kids sat.") == 0.0
+    assert KeywordCoverage(["cat"])("concatenate") == 0.0  # whole words only
+    with pytest.raises(ValueError, match="mode"):
+        KeywordCoverage(["a"], mode="medium")
+
+
+def test_harmlessness_ranks_rude_text_lower():
+    reward = Harmlessness()
+    polite, rude = reward("Have a lovely day, my friend."), reward("You are a stupid idiot, shut up.")
+    assert 0.0 <= rude < 0.5 < polite <= 1.0
+    assert reward("") == 1.0
+
+
+def test_progress_rewards():
+    schema = {"type": "object", "properties": {"a": {}, "b": {}}, "required": ["a", "b"]}
+    progress = SchemaProgress(schema)
+    assert progress('{"a":1,') == 0.5 and progress('{"a": 1, "b": 2}') == 1.0
+    regex = RegexMatch(r"\d{4}")
+    assert regex("in 1969") == 1.0 and regex("soon") == 0.0
+    full = RegexMatch(r"\d{4}", full=True)
+    assert full("1969", final=True) == 1.0 and full("1969", final=False) == 0.0
+
+
+def test_combinators():
+    half = CallableReward(lambda text: 0.5)
+    one = CallableReward(lambda text, final: 1.0)
+    assert WeightedMean([half, one])("x") == 0.75
+    assert WeightedMean([half, one], weights=[3, 1])("x") == pytest.approx(0.625)
+    assert MinReward([half, one])("x") == 0.5
+    with pytest.raises(ValueError):
+        WeightedMean([half], weights=[-1])
+
+
+@pytest.mark.parametrize("bad", [math.nan, -0.1, 1.5, "high", None, math.inf])
+def test_bad_scores_are_typed_errors(bad):
+    with pytest.raises(RewardError, match="my_reward"):
+        CallableReward(lambda text: bad, name="my_reward")("x")
