@@ -37,6 +37,22 @@ def main(argv: list[str] | None = None) -> int:
     spec.add_argument("--json", dest="json_out", help="write runs and summary here")
     spec.add_argument("--no-progress", action="store_true")
 
+    gen = bench.add_parser("commongen", help="CommonGen keyword coverage: greedy vs CDLH vs CDSL")
+    gen.add_argument("--data", required=True, help="CommonGen jsonl (concept_set per line)")
+    gen.add_argument("--limit", type=int, default=20)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--methods", default="greedy,cdlh,cdsl")
+    gen.add_argument("--k", type=int, default=5, help="CDLH candidates per step")
+    gen.add_argument("--d", type=int, default=3, help="CDLH roll-out length")
+    gen.add_argument("--lam", type=float, default=2.0, help="CDLH reward weight")
+    gen.add_argument("--cdsl-d", type=int, default=4, help="CDSL lookahead length")
+    gen.add_argument("--a-t", type=float, default=0.5, help="CDSL acceptance threshold in [0, 1]")
+    gen.add_argument("--r-t", type=float, default=0.0, help="CDSL reward threshold in [0, 1]")
+    gen.add_argument("--fallback", default="cdlh", choices=["cdlh", "target"])
+    gen.add_argument("--draft", default="bf16", help="CDSL draft: bf16 or layers:N")
+    gen.add_argument("--json", dest="json_out")
+    gen.add_argument("--no-progress", action="store_true")
+
     models = commands.add_parser("models", help="fetch and prepare models, or list them")
     models.add_argument("action", choices=["pull", "list"])
     models.add_argument("names", nargs="*", help="models to pull (default: smollm2)")
@@ -52,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         return _maskbench(args)
     if args.command == "bench" and args.bench == "speculative":
         return _speculative(args)
+    if args.command == "bench" and args.bench == "commongen":
+        return _commongen(args)
     if args.command == "tokenizers":
         return _tokenizers(args)
     if args.command == "models":
@@ -79,6 +97,19 @@ def _speculative(args: argparse.Namespace) -> int:
                                model=args.model, with_hf=not args.no_hf)
     report = run_speculative_bench(load_tasks(args.prompts), config, progress=not args.no_progress)
     return _report(report, format_table(report["summary"]), args.json_out)
+
+
+def _commongen(args: argparse.Namespace) -> int:
+    from .bench.commongen import CommonGenConfig, format_table, run_commongen
+
+    config = CommonGenConfig(
+        limit=args.limit, seed=args.seed, methods=tuple(args.methods.split(",")), k=args.k, d=args.d,
+        lam=args.lam, cdsl_d=args.cdsl_d, acceptance_threshold=args.a_t, reward_threshold=args.r_t,
+        fallback=args.fallback, draft=args.draft,
+    )
+    report = run_commongen(args.data, config, progress=not args.no_progress)
+    report["summary"] = {}
+    return _report(report, format_table(report), args.json_out)
 
 
 def _report(report: dict, table: str, json_out: str | None) -> int:

@@ -63,6 +63,7 @@ class Session:
     generator: torch.Generator
     stats: DecodeStats
     output: list[int] = field(default_factory=list)
+    max_tokens: int = 0
 
     @property
     def sequence(self) -> list[int]:
@@ -108,11 +109,13 @@ def decode(
     max_tokens: int = 256,
     params: SamplingParams | None = None,
     on_tokens: Callable[[list[int]], None] | None = None,
+    strategy: Callable[[Session], list[int]] | None = None,
 ) -> Result:
     """Decode under ``compiled`` with the target verifying what ``proposers`` speculate.
 
     ``k`` bounds the tokens proposed per step (forced tokens may add up to 32 more).
-    ``on_tokens`` receives each step's newly committed tokens (streaming).
+    ``on_tokens`` receives each step's newly committed tokens (streaming). ``strategy``
+    replaces the propose-and-verify step (CDLH, CDSL); it commits tokens and returns them.
     """
     if k < 0:
         raise ValueError(f"k must be >= 0, got {k}")
@@ -130,7 +133,8 @@ def decode(
 
     dead_end = False
     while not state.finished and len(session.output) < max_tokens:
-        committed = step(session, proposers, k, max_tokens)
+        session.max_tokens = max_tokens
+        committed = strategy(session) if strategy else step(session, proposers, k, max_tokens)
         if not committed:
             dead_end = True
             break

@@ -1,0 +1,74 @@
+"""CDLH and CDSL: parameters are checked, hard constraints hold, states and passes are counted."""
+
+import re
+
+import pytest
+
+from cdsl_struct import Regex, compile
+from cdsl_struct.decoding import DraftModelProposer, decode
+from cdsl_struct.decoding.lookahead import CDLH, CDSL, CDSL_STATES
+from cdsl_struct.models.runner import ModelRunner
+from cdsl_struct.rewards import CallableReward, RewardError
+from tests.decoding.test_mechanics_tiny import PROMPT, letters_vocab, tiny_model
+
+PATTERN = "[a-h]{2,6}"
+
+
+@pytest.fixture(scope="module")
+def setup():
+    compiled = compile(Regex(PATTERN), letters_vocab(), backend="llguidance")
+    return compiled, ModelRunner(tiny_model(1)), DraftModelProposer(ModelRunner(tiny_model(2)))
+
+
+def likes_h(text, final=False):
+    return text.count("h") / max(len(text), 1)
+
+
+def test_cdlh_keeps_the_constraint_and_follows_the_reward(setup):
+    compiled, target, _ = setup
+    plain = decode(target, compiled, PROMPT, max_tokens=8)
+    steered = decode(target, compiled, PROMPT, max_tokens=8, strategy=CDLH(likes_h, k=4, d=2, lam=50.0))
+    assert re.fullmatch(PATTERN, steered.text) and steered.finish_reason == "stop"
+    assert likes_h(steered.text) >= likes_h(plain.text)
+    # one pass per token to score candidates, plus d batched roll-out passes
+    assert steered.stats.target_passes > 2 * plain.stats.target_passes
+
+
+@pytest.mark.parametrize("fallback", ["cdlh", "target"])
+def test_cdsl_counts_states_and_keeps_the_constraint(setup, fallback):
+    compiled, target, draft = setup
+    cdsl = CDSL(draft, likes_h, d=3, acceptance_threshold=0.5, reward_threshold=0.2, fallback=fallback,
+                cdlh=CDLH(likes_h, k=3, d=2, lam=5.0))
+    result = decode(target, compiled, PROMPT, max_tokens=8, strategy=cdsl)
+    assert re.fullmatch(PATTERN, result.text) and result.finish_reason == "stop"
+    assert set(cdsl.states) <= set(CDSL_STATES) and sum(cdsl.states.values()) >= 1
+    assert result.stats.draft_passes > 0
+
+
+def test_cdsl_with_thresholds_zero_is_lossless_speculation(setup):
+    compiled, target, draft = setup
+    plain = decode(target, compiled, PROMPT, max_tokens=8)
+    cdsl = CDSL(draft, likes_h, d=3, acceptance_threshold=0.0, reward_threshold=0.0)
+    assert decode(target, compiled, PROMPT, max_tokens=8, strategy=cdsl).tokens == plain.tokens
+    assert set(cdsl.states) == {"accept"}
+
+
+def test_bad_parameters_are_clear_errors(setup):
+    _, _, draft = setup
+    with pytest.raises(ValueError, match="k must be"):
+        CDLH(likes_h, k=0)
+    with pytest.raises(ValueError, match="d must be"):
+        CDSL(draft, likes_h, d=0)
+    with pytest.raises(ValueError, match="acceptance_threshold"):
+        CDSL(draft, likes_h, acceptance_threshold=1.5)
+    with pytest.raises(ValueError, match="reward_threshold"):
+        CDSL(draft, likes_h, reward_threshold=-0.1)
+    with pytest.raises(ValueError, match="fallback"):
+        CDSL(draft, likes_h, fallback="beam")
+
+
+def test_a_reward_returning_nan_stops_decoding_with_a_typed_error(setup):
+    compiled, target, _ = setup
+    with pytest.raises(RewardError, match="nan"):
+        decode(target, compiled, PROMPT, max_tokens=4,
+               strategy=CDLH(CallableReward(lambda text: float("nan"), name="nan"), k=2, d=1))
