@@ -108,12 +108,15 @@ def compile(  # noqa: A001 - the natural name, as in re.compile / xgrammar
         with _cache_lock:
             if key in _cache:
                 return _cache[key]
-        compiled = _compile_uncached(spec, vocabulary, order, policy, timeout)
+        try:
+            compiled = _compile_uncached(spec, vocabulary, order, policy, timeout)
+        finally:
+            with _cache_lock:
+                _key_locks.pop(key, None)
         with _cache_lock:
             _cache[key] = compiled
             while len(_cache) > CACHE_SIZE:
                 _cache.popitem(last=False)
-            _key_locks.pop(key, None)
     return compiled
 
 

@@ -35,12 +35,6 @@ def _check_unit(name: str, value: float) -> None:
         raise ValueError(f"{name} must be in [0, 1], got {value}")
 
 
-def _text(session: Session, tokens: list[int]) -> str:
-    vocab = session.compiled.vocabulary
-    body = [t for t in tokens if t not in vocab.eos_token_ids]
-    return vocab.decode(body).decode("utf-8", errors="replace")
-
-
 @dataclass
 class CDLH:
     """Constrained decoding with lookahead heuristics (NeuroLogic A*esque)."""
@@ -75,7 +69,7 @@ class CDLH:
         for candidate, lp, rollout in zip(candidates, top.values.tolist(), rollouts, strict=True):
             tokens = session.output + [candidate] + rollout
             finished = bool(tokens) and tokens[-1] in vocab.eos_token_ids
-            score = lp + self.lam * self.reward(_text(session, tokens), final=finished)
+            score = lp + self.lam * self.reward(session.text_of(tokens), final=finished)
             if score > best_score:
                 best, best_score = candidate, score
         state.advance(best)
@@ -173,7 +167,7 @@ class CDSL:
         accepted, extra = verify(session, proposal, logits)
         drafted = len(proposal.tokens)
         a = accepted / drafted if drafted else 1.0
-        r = self.reward(_text(session, session.output + proposal.tokens), final=session.state.finished)
+        r = self.reward(session.text_of(session.output + proposal.tokens), final=session.state.finished)
         passed_a, passed_r = a >= self.acceptance_threshold, r >= self.reward_threshold
         state = CDSL_STATES[0] if passed_a and passed_r else (
             "reject_acceptance" if passed_r else ("reject_reward" if passed_a else "reject_both"))

@@ -70,6 +70,11 @@ class Session:
         """Prompt plus committed output."""
         return self.prompt + self.output
 
+    def text_of(self, tokens: Sequence[int]) -> str:
+        """The text of ``tokens`` (EOS dropped; invalid UTF-8 replaced)."""
+        vocab = self.compiled.vocabulary
+        return vocab.decode([t for t in tokens if t not in vocab.eos_token_ids]).decode("utf-8", errors="replace")
+
     def current_mask(self) -> torch.Tensor:
         """A fresh copy of the mask at the current position."""
         row = allocate_bitmask(self.compiled.vocab_size)
@@ -211,9 +216,7 @@ def verify(session: Session, proposal: Proposal, logits: torch.Tensor) -> tuple[
 
 def _result(session: Session, dead_end: bool, started: float, target_before: tuple) -> Result:
     state, stats, target = session.state, session.stats, session.target
-    vocab = session.compiled.vocabulary
-    body = [t for t in session.output if t not in vocab.eos_token_ids]
-    text = vocab.decode(body).decode("utf-8", errors="replace")
+    text = session.text_of(session.output)
     complete = state.is_complete()
     finish = "stop" if state.finished else ("constraint_dead_end" if dead_end else "length")
     stats.tokens = len(session.output)
