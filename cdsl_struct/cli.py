@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--a-t", type=float, default=0.5, help="CDSL acceptance threshold in [0, 1]")
     gen.add_argument("--r-t", type=float, default=0.0, help="CDSL reward threshold in [0, 1]")
     gen.add_argument("--fallback", default="cdlh", choices=["cdlh", "target"])
+    gen.add_argument("--reward-on", default="text", choices=["text", "ending"],
+                     help="CDSL: score every lookahead, or only lookaheads that end the output")
     gen.add_argument("--draft", default="bf16", help="CDSL draft: bf16 or layers:N")
     gen.add_argument("--json", dest="json_out")
     gen.add_argument("--no-progress", action="store_true")
@@ -105,7 +107,7 @@ def _commongen(args: argparse.Namespace) -> int:
     config = CommonGenConfig(
         limit=args.limit, seed=args.seed, methods=tuple(args.methods.split(",")), k=args.k, d=args.d,
         lam=args.lam, cdsl_d=args.cdsl_d, acceptance_threshold=args.a_t, reward_threshold=args.r_t,
-        fallback=args.fallback, draft=args.draft,
+        fallback=args.fallback, reward_on=args.reward_on, draft=args.draft,
     )
     report = run_commongen(args.data, config, progress=not args.no_progress)
     report["summary"] = {}

@@ -41,6 +41,7 @@ class CommonGenConfig:
     acceptance_threshold: float = 0.5
     reward_threshold: float = 0.0
     fallback: str = "cdlh"
+    reward_on: str = "text"
     draft: str = "bf16"
     model: str = "smollm2"
 
@@ -98,7 +99,8 @@ def _strategy(method: str, reward: KeywordCoverage, draft: DraftModelProposer, c
         return cdlh
     if method == "cdsl":
         return CDSL(draft, reward, d=config.cdsl_d, acceptance_threshold=config.acceptance_threshold,
-                    reward_threshold=config.reward_threshold, fallback=config.fallback, cdlh=cdlh)
+                    reward_threshold=config.reward_threshold, fallback=config.fallback, cdlh=cdlh,
+                    reward_on=config.reward_on)
     raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
 
 

@@ -139,6 +139,10 @@ class CDSL:
     acceptance_threshold: float = 0.5
     reward_threshold: float = 0.0
     fallback: str = "cdlh"
+    reward_on: str = "text"
+    """``"text"``: r scores the text with the lookahead. ``"ending"``: r scores it as final text
+    only when the lookahead ends the output, and is 1 otherwise (an unfinished text may still
+    earn its reward, so only a premature ending is rejected)."""
     cdlh: CDLH | None = None
     states: Counter = field(default_factory=Counter)
 
@@ -149,6 +153,8 @@ class CDSL:
         _check_unit("reward_threshold", self.reward_threshold)
         if self.fallback not in ("cdlh", "target"):
             raise ValueError(f"fallback must be 'cdlh' or 'target', got {self.fallback!r}")
+        if self.reward_on not in ("text", "ending"):
+            raise ValueError(f"reward_on must be 'text' or 'ending', got {self.reward_on!r}")
         self.reward = as_reward(self.reward)
         if self.cdlh is None:
             self.cdlh = CDLH(self.reward)
@@ -167,7 +173,11 @@ class CDSL:
         accepted, extra = verify(session, proposal, logits)
         drafted = len(proposal.tokens)
         a = accepted / drafted if drafted else 1.0
-        r = self.reward(session.text_of(session.output + proposal.tokens), final=session.state.finished)
+        finished = session.state.finished
+        if self.reward_on == "ending" and not finished:
+            r = 1.0
+        else:
+            r = self.reward(session.text_of(session.output + proposal.tokens), final=finished)
         passed_a, passed_r = a >= self.acceptance_threshold, r >= self.reward_threshold
         state = CDSL_STATES[0] if passed_a and passed_r else (
             "reject_acceptance" if passed_r else ("reject_reward" if passed_a else "reject_both"))
