@@ -65,6 +65,19 @@ def test_bad_parameters_are_clear_errors(setup):
         CDSL(draft, likes_h, reward_threshold=-0.1)
     with pytest.raises(ValueError, match="fallback"):
         CDSL(draft, likes_h, fallback="beam")
+    with pytest.raises(ValueError, match="reward_on"):
+        CDSL(draft, likes_h, reward_on="tokens")
+
+
+def test_reward_on_ending_rejects_only_short_endings(setup):
+    compiled, target, draft = setup
+    never = CallableReward(lambda text, final: 0.0 if final else 1.0, name="never-finished")
+    cdsl = CDSL(draft, never, d=3, acceptance_threshold=0.0, reward_threshold=0.5, reward_on="ending",
+                fallback="target")
+    two_letters = compile(Regex("[a-h]{2}"), compiled.vocabulary, backend="llguidance")
+    result = decode(target, two_letters, PROMPT, max_tokens=8, strategy=cdsl)  # lookaheads reach EOS
+    assert re.fullmatch("[a-h]{2}", result.text) and result.finish_reason == "stop"
+    assert cdsl.states["reject_reward"] >= 1  # the lookahead that ends the output is refused
 
 
 def test_a_reward_returning_nan_stops_decoding_with_a_typed_error(setup):
