@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--k", type=int, default=5, help="CDLH candidates per step")
     gen.add_argument("--d", type=int, default=3, help="CDLH roll-out length")
     gen.add_argument("--lam", type=float, default=2.0, help="CDLH reward weight")
+    gen.add_argument("--optimism", type=float, default=0.0,
+                     help="CDLH: share of the unmet reward credited to unfinished roll-outs, in [0, 1]")
     gen.add_argument("--cdsl-d", type=int, default=4, help="CDSL lookahead length")
     gen.add_argument("--a-t", type=float, default=0.5, help="CDSL acceptance threshold in [0, 1]")
     gen.add_argument("--r-t", type=float, default=0.0, help="CDSL reward threshold in [0, 1]")
@@ -106,7 +108,8 @@ def _commongen(args: argparse.Namespace) -> int:
 
     config = CommonGenConfig(
         limit=args.limit, seed=args.seed, methods=tuple(args.methods.split(",")), k=args.k, d=args.d,
-        lam=args.lam, cdsl_d=args.cdsl_d, acceptance_threshold=args.a_t, reward_threshold=args.r_t,
+        lam=args.lam, optimism=args.optimism, cdsl_d=args.cdsl_d, acceptance_threshold=args.a_t,
+        reward_threshold=args.r_t,
         fallback=args.fallback, reward_on=args.reward_on, draft=args.draft,
     )
     report = run_commongen(args.data, config, progress=not args.no_progress)

@@ -37,6 +37,7 @@ class CommonGenConfig:
     k: int = 5
     d: int = 3
     lam: float = 2.0
+    optimism: float = 0.0
     cdsl_d: int = 4
     acceptance_threshold: float = 0.5
     reward_threshold: float = 0.0
@@ -94,7 +95,7 @@ def run_commongen(data: str | Path, config: CommonGenConfig, progress: bool = Tr
 def _strategy(method: str, reward: KeywordCoverage, draft: DraftModelProposer, config: CommonGenConfig) -> Any:
     if method == "greedy":
         return None
-    cdlh = CDLH(reward, k=config.k, d=config.d, lam=config.lam)
+    cdlh = CDLH(reward, k=config.k, d=config.d, lam=config.lam, optimism=config.optimism)
     if method == "cdlh":
         return cdlh
     if method == "cdsl":

@@ -43,8 +43,12 @@ class CDLH:
     k: int = 5
     d: int = 3
     lam: float = 1.0
+    optimism: float = 0.0
+    """Credit an unfinished roll-out with this share of the reward it may still earn,
+    ``r + optimism * (1 - r)``, so that ending early with the reward unmet scores lower."""
 
     def __post_init__(self) -> None:
+        _check_unit("optimism", self.optimism)
         if self.k < 1:
             raise ValueError(f"k must be >= 1, got {self.k}")
         if self.d < 0:
@@ -69,7 +73,10 @@ class CDLH:
         for candidate, lp, rollout in zip(candidates, top.values.tolist(), rollouts, strict=True):
             tokens = session.output + [candidate] + rollout
             finished = bool(tokens) and tokens[-1] in vocab.eos_token_ids
-            score = lp + self.lam * self.reward(session.text_of(tokens), final=finished)
+            reward = self.reward(session.text_of(tokens), final=finished)
+            if not finished:
+                reward += self.optimism * (1.0 - reward)
+            score = lp + self.lam * reward
             if score > best_score:
                 best, best_score = candidate, score
         state.advance(best)

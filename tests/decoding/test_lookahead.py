@@ -85,3 +85,14 @@ def test_a_reward_returning_nan_stops_decoding_with_a_typed_error(setup):
     with pytest.raises(RewardError, match="nan"):
         decode(target, compiled, PROMPT, max_tokens=4,
                strategy=CDLH(CallableReward(lambda text: float("nan"), name="nan"), k=2, d=1))
+
+
+def test_optimism_is_checked_and_prefers_unfinished_rollouts(setup):
+    compiled, target, _ = setup
+    with pytest.raises(ValueError, match="optimism"):
+        CDLH(likes_h, optimism=2.0)
+    # a reward met by nothing: with optimism, unfinished roll-outs outscore ending now
+    unmet = CallableReward(lambda text: 0.0, name="unmet")
+    hasty = decode(target, compiled, PROMPT, max_tokens=8, strategy=CDLH(unmet, k=9, d=1, lam=50.0, optimism=0.0))
+    patient = decode(target, compiled, PROMPT, max_tokens=8, strategy=CDLH(unmet, k=9, d=1, lam=50.0, optimism=1.0))
+    assert len(patient.text) >= len(hasty.text) and re.fullmatch(PATTERN, patient.text)
