@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from .server.cli import add_serve_parser, run_serve
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cdsl-struct", description="Structured output for Hugging Face LMs.")
@@ -53,7 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--fallback", default="cdlh", choices=["cdlh", "target"])
     gen.add_argument("--reward-on", default="text", choices=["text", "ending"],
                      help="CDSL: score every lookahead, or only lookaheads that end the output")
-    gen.add_argument("--draft", default="bf16", help="CDSL draft: bf16 or layers:N")
+    gen.add_argument("--commit", default="lookahead", choices=["lookahead", "prefix"],
+                     help="CDSL: keep the whole accepted lookahead, or only its agreed prefix")
+    gen.add_argument("--draft-lam", type=float, default=5.0,
+                     help="CDSL draft guidance: reward weight when the draft picks among its top-k (0: plain greedy)")
+    gen.add_argument("--draft", default="bf16", help="CDSL draft: bf16, int8 or layers:N")
     gen.add_argument("--json", dest="json_out")
     gen.add_argument("--no-progress", action="store_true")
 
@@ -67,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     tokenizers.add_argument("--engines", action="store_true",
                             help="also time building each engine's view of the vocabulary")
 
+    add_serve_parser(commands)
+
     args = parser.parse_args(argv)
     if args.command == "bench" and args.bench == "maskbench":
         return _maskbench(args)
@@ -78,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         return _tokenizers(args)
     if args.command == "models":
         return _models(args)
+    if args.command == "serve":
+        return run_serve(args)
     parser.error("unknown command")
     return 2
 
@@ -110,7 +120,8 @@ def _commongen(args: argparse.Namespace) -> int:
         limit=args.limit, seed=args.seed, methods=tuple(args.methods.split(",")), k=args.k, d=args.d,
         lam=args.lam, optimism=args.optimism, cdsl_d=args.cdsl_d, acceptance_threshold=args.a_t,
         reward_threshold=args.r_t,
-        fallback=args.fallback, reward_on=args.reward_on, draft=args.draft,
+        fallback=args.fallback, reward_on=args.reward_on, draft=args.draft, commit=args.commit,
+        draft_lam=args.draft_lam,
     )
     report = run_commongen(args.data, config, progress=not args.no_progress)
     report["summary"] = {}

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .tools import ToolCall
 
 FINISH_REASONS = ("stop", "length", "constraint_dead_end")
 
@@ -48,7 +51,9 @@ class Result:
     """A decoded output. ``value`` is set only when the output is complete (valid).
 
     ``finish_reason``: ``stop`` (EOS at a complete state), ``length`` (``max_tokens`` reached),
-    or ``constraint_dead_end`` (no token was allowed).
+    or ``constraint_dead_end`` (no token was allowed). ``tool_calls`` holds the parsed calls when
+    the model called tools (``value`` is then that list). ``method`` names the decoder that ran
+    (set by ``Generator.generate``).
     """
 
     text: str
@@ -57,6 +62,8 @@ class Result:
     complete: bool
     value: Any = None
     stats: DecodeStats = field(default_factory=DecodeStats)
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    method: str = ""
 
 
 def parse_value(spec: Any, text: str) -> Any:

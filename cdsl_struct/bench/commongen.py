@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ..constraints import Regex, compile
-from ..decoding import DraftModelProposer, decode
-from ..decoding.lookahead import CDLH, CDSL, CDSL_STATES
+from ..decoding import decode
+from ..decoding.lookahead import CDLH, CDSL, CDSL_STATES, GuidedDraft
 from ..models.loading import load_model
 from ..models.runner import ModelRunner, self_draft
 from ..rewards import KeywordCoverage
@@ -43,6 +43,8 @@ class CommonGenConfig:
     reward_threshold: float = 0.0
     fallback: str = "cdlh"
     reward_on: str = "text"
+    commit: str = "lookahead"
+    draft_lam: float = 5.0
     draft: str = "bf16"
     model: str = "smollm2"
 
@@ -61,7 +63,7 @@ def run_commongen(data: str | Path, config: CommonGenConfig, progress: bool = Tr
     loaded = load_model(config.model)
     tokenizer = loaded.tokenizer
     target = ModelRunner(loaded.model)
-    draft = DraftModelProposer(ModelRunner(self_draft(loaded.model, config.draft), name=config.draft))
+    draft_runner = ModelRunner(self_draft(loaded.model, config.draft), name=config.draft)
     compiled = compile(Regex(SENTENCE), tokenizer, eos_token_ids=loaded.eos_token_ids)
     concept_sets = load_concept_sets(data, config.limit, config.seed)
     results: dict[str, dict[str, Any]] = {
@@ -73,7 +75,7 @@ def run_commongen(data: str | Path, config: CommonGenConfig, progress: bool = Tr
         prompt = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT.format(words=", ".join(words))}],
                                                add_generation_prompt=True, tokenize=True)["input_ids"]
         for method in config.methods:  # interleaved per concept set
-            strategy = _strategy(method, reward, draft, config)
+            strategy = _strategy(method, reward, draft_runner, config)
             start = time.perf_counter()
             result = decode(target, compiled, prompt, max_tokens=config.max_tokens, strategy=strategy)
             wall = time.perf_counter() - start
@@ -92,16 +94,17 @@ def run_commongen(data: str | Path, config: CommonGenConfig, progress: bool = Tr
     return _report(results, len(concept_sets), config)
 
 
-def _strategy(method: str, reward: KeywordCoverage, draft: DraftModelProposer, config: CommonGenConfig) -> Any:
+def _strategy(method: str, reward: KeywordCoverage, draft_runner: ModelRunner, config: CommonGenConfig) -> Any:
     if method == "greedy":
         return None
     cdlh = CDLH(reward, k=config.k, d=config.d, lam=config.lam, optimism=config.optimism)
     if method == "cdlh":
         return cdlh
     if method == "cdsl":
+        draft = GuidedDraft(draft_runner, reward, k=config.k, lam=config.draft_lam)
         return CDSL(draft, reward, d=config.cdsl_d, acceptance_threshold=config.acceptance_threshold,
                     reward_threshold=config.reward_threshold, fallback=config.fallback, cdlh=cdlh,
-                    reward_on=config.reward_on)
+                    reward_on=config.reward_on, commit=config.commit)
     raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
 
 

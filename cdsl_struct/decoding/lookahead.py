@@ -22,10 +22,11 @@ from typing import Any
 
 import torch
 
-from ..constraints.mask import allocate_bitmask, apply_bitmask
+from ..constraints.mask import allocate_bitmask, allowed_tokens, apply_bitmask
+from ..models.runner import ModelRunner
 from ..rewards.base import Reward, as_reward
 from .loop import Proposal, Proposer, Session, forced_proposer, verify
-from .proposers import DraftModelProposer
+from .sampling import choose, distribution, masked_logits
 
 CDSL_STATES = ("accept", "reject_acceptance", "reject_reward", "reject_both")
 
@@ -94,7 +95,7 @@ class CDLH:
             twin.advance(candidate)
             states.append(twin)
         target = session.target
-        if target.length != len(session.sequence):
+        if not target.hold(session.sequence):
             target.run(session.sequence, keep=1)  # cache exactly the committed sequence
         cache = copy.deepcopy(target.cache)
         cache.batch_repeat_interleave(len(candidates))
@@ -136,11 +137,74 @@ class CDLH:
         return out.logits[:, -1].float(), out.past_key_values
 
 
+class GuidedDraft:
+    """A draft model steered by the reward: each token is the best of the draft's top-k masked
+    candidates by ``log q(candidate) + lam * reward(text with candidate)``.
+
+    A one-token lookahead heuristic at draft cost (one draft pass per token, k reward calls):
+    it lets CDSL's lookaheads carry the reward (a keyword the target alone would not write yet),
+    which the target then verifies. ``lam = 0`` is the plain greedy draft.
+    """
+
+    name = "guided-draft"
+
+    def __init__(self, runner: ModelRunner, reward: Reward | Any, k: int = 5, lam: float = 5.0) -> None:
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        if lam < 0:
+            raise ValueError(f"lam must be >= 0, got {lam}")
+        self.runner, self.reward, self.k, self.lam = runner, as_reward(reward), k, lam
+
+    def propose(self, session: Session, proposal: Proposal, budget: int) -> None:
+        vocab = session.compiled.vocabulary
+        for _ in range(budget):
+            positions, seconds = self.runner.positions, self.runner.seconds
+            logits = self.runner.run(session.sequence + proposal.tokens, keep=1)[-1]
+            session.stats.draft_passes += 1
+            session.stats.draft_positions += self.runner.positions - positions
+            session.stats.draft_seconds += self.runner.seconds - seconds
+            mask = session.current_mask()
+            logp = torch.log_softmax(masked_logits(logits, mask), dim=-1)
+            finite = int(torch.isfinite(logp).sum())
+            if finite == 0:
+                return
+            top = torch.topk(logp, min(self.k, finite))
+            best, best_score = int(top.indices[0]), -float("inf")
+            if self.lam > 0 and finite > 1:
+                prefix = session.output + proposal.tokens
+                for token, lp in zip(top.indices.tolist(), top.values.tolist(), strict=True):
+                    final = token in vocab.eos_token_ids
+                    score = lp + self.lam * self.reward(session.text_of(prefix + [token]), final=final)
+                    if score > best_score:
+                        best, best_score = token, score
+            proposal.masks.append(mask)
+            session.speculate(proposal, best, None)
+            if session.state.finished:
+                return
+
+
 @dataclass
 class CDSL:
-    """Constrained decoding with speculative lookaheads: draft lookahead, target + reward verify."""
+    """Constrained decoding with speculative lookaheads: draft lookahead, target + reward verify.
 
-    draft: DraftModelProposer
+    Each step the draft writes up to ``d`` tokens under the constraint and one target pass
+    scores every position. ``a`` is the fraction of lookahead tokens the target agrees with,
+    each judged given the ones before (its masked argmax under greedy decoding, the test
+    ``u < p/q`` under sampling); ``r`` is the reward of the text with the lookahead. The four
+    states and what each commits:
+
+    - ``accept`` (a >= a_t, r >= r_t): the whole lookahead (``commit="lookahead"``, so tokens
+      that carry the reward survive though the target would not have written them first) plus
+      the target's next token when it does not end the output; or only the agreed prefix and
+      the target's correction (``commit="prefix"``, lossless speculation).
+    - ``reject_acceptance`` (r passes, a fails): the agreed prefix and the target's correction,
+      exactly what lossless speculative decoding commits; no extra pass.
+    - ``reject_reward`` / ``reject_both``: the reward failed, so the target decides with a CDLH
+      step (``fallback="cdlh"``) or its own token (``"target"``). With ``reward_on="ending"``
+      the agreed tokens before the premature ending are kept and the fallback chooses there.
+    """
+
+    draft: Proposer
     reward: Reward | Any
     d: int = 4
     acceptance_threshold: float = 0.5
@@ -150,6 +214,7 @@ class CDSL:
     """``"text"``: r scores the text with the lookahead. ``"ending"``: r scores it as final text
     only when the lookahead ends the output, and is 1 otherwise (an unfinished text may still
     earn its reward, so only a premature ending is rejected)."""
+    commit: str = "lookahead"
     cdlh: CDLH | None = None
     states: Counter = field(default_factory=Counter)
 
@@ -158,10 +223,11 @@ class CDSL:
             raise ValueError(f"d must be >= 1, got {self.d}")
         _check_unit("acceptance_threshold", self.acceptance_threshold)
         _check_unit("reward_threshold", self.reward_threshold)
-        if self.fallback not in ("cdlh", "target"):
-            raise ValueError(f"fallback must be 'cdlh' or 'target', got {self.fallback!r}")
-        if self.reward_on not in ("text", "ending"):
-            raise ValueError(f"reward_on must be 'text' or 'ending', got {self.reward_on!r}")
+        for name, value, allowed in (("fallback", self.fallback, ("cdlh", "target")),
+                                     ("reward_on", self.reward_on, ("text", "ending")),
+                                     ("commit", self.commit, ("lookahead", "prefix"))):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
         self.reward = as_reward(self.reward)
         if self.cdlh is None:
             self.cdlh = CDLH(self.reward)
@@ -176,35 +242,89 @@ class CDSL:
                 self.draft.propose(session, proposal, min(self.d, room - len(proposal.tokens)))
         proposal.masks.append(session.current_mask())
         session.stats.proposed += len(proposal.tokens)
-        logits = session.target.run(session.sequence + proposal.tokens, keep=len(proposal.tokens) + 1)
+        tokens, drafted = proposal.tokens, len(proposal.tokens)
+        logits = session.target.run(session.sequence + tokens, keep=drafted + 1)
+        ends = _ends(session)
         accepted, extra = verify(session, proposal, logits)
-        drafted = len(proposal.tokens)
-        a = accepted / drafted if drafted else 1.0
-        finished = session.state.finished
-        if self.reward_on == "ending" and not finished:
+        agreed = accepted + self._agreement(session, proposal, logits, start=accepted + 1)
+        a = agreed / drafted if drafted else 1.0
+        if self.reward_on == "ending" and not ends:
             r = 1.0
         else:
-            r = self.reward(session.text_of(session.output + proposal.tokens), final=finished)
+            r = self.reward(session.text_of(session.output + tokens), final=session.state.finished)
         passed_a, passed_r = a >= self.acceptance_threshold, r >= self.reward_threshold
         state = CDSL_STATES[0] if passed_a and passed_r else (
             "reject_acceptance" if passed_r else ("reject_reward" if passed_a else "reject_both"))
         self.states[state] += 1
-        if state == "accept":
-            session.stats.accepted += accepted
+        session.stats.accepted += accepted
+        if state == "accept" and self.commit == "lookahead" and drafted:
+            session.output.extend(tokens)
+            return tokens + self._target_token(session, logits[drafted], proposal.masks[drafted])
+        if passed_r:
             session.state.rollback(drafted - accepted)
-            committed = proposal.tokens[:accepted]
+            committed = tokens[:accepted] + ([] if extra is None else [extra])
             if extra is not None:
                 session.state.advance(extra)
-                committed.append(extra)
             session.output.extend(committed)
             return committed
-        session.state.rollback(drafted)
+        keep = min(accepted, _closing_index(session, tokens)) if self.reward_on == "ending" else 0
+        session.state.rollback(drafted - keep)
+        session.output.extend(tokens[:keep])
         if self.fallback == "target":
-            first = apply_bitmask(logits[0].clone(), proposal.masks[0])
-            if not torch.isfinite(first).any():
-                return []
-            token = int(torch.argmax(first))
-            session.state.advance(token)
-            session.output.append(token)
-            return [token]
-        return self.cdlh(session, logits[0])
+            chosen = self._target_token(session, logits[keep], proposal.masks[keep], allow_ending=True)
+        else:
+            chosen = self.cdlh(session, logits[keep])
+        return tokens[:keep] + chosen
+
+    @staticmethod
+    def _target_token(session: Session, logits: torch.Tensor, mask: torch.Tensor,
+                      allow_ending: bool = False) -> list[int]:
+        """Commit the target's own next token; unless ``allow_ending``, not one that ends the output."""
+        if session.state.finished:
+            return []
+        choice = masked_logits(logits, mask)
+        if not torch.isfinite(choice).any():
+            return []
+        token = choose(choice, session.params, session.generator)
+        session.state.advance(token)
+        if not allow_ending and _ends(session):
+            session.state.rollback(1)
+            return []
+        session.output.append(token)
+        return [token]
+
+    @staticmethod
+    def _agreement(session: Session, proposal: Proposal, logits: torch.Tensor, start: int) -> int:
+        """How many lookahead tokens from ``start`` on the target agrees with."""
+        agreed = 0
+        for i in range(start, len(proposal.tokens)):
+            token = proposal.tokens[i]
+            target_logits = masked_logits(logits[i], proposal.masks[i])
+            if session.params.greedy:
+                agreed += int(torch.argmax(target_logits)) == token
+                continue
+            p = distribution(target_logits, session.params)
+            q = proposal.draft_probs[i]
+            q_token = 1.0 if q is None else float(q[token])
+            agreed += float(torch.rand((), generator=session.generator)) * q_token < float(p[token])
+        return agreed
+
+
+def _ends(session: Session) -> bool:
+    """Whether the output has ended: EOS written, or complete with nothing but EOS allowed."""
+    state = session.state
+    if state.finished:
+        return True
+    if not state.is_complete():
+        return False
+    eos = session.compiled.vocabulary.eos_token_ids
+    return all(t in eos for t in allowed_tokens(session.current_mask(), session.compiled.vocab_size))
+
+
+def _closing_index(session: Session, tokens: list[int]) -> int:
+    """The position of the lookahead token that closed the output (the last one before EOS)."""
+    eos = session.compiled.vocabulary.eos_token_ids
+    index = len(tokens) - 1
+    while index > 0 and tokens[index] in eos:
+        index -= 1
+    return max(index, 0)

@@ -47,12 +47,12 @@ class ModelRunner:
         """Logits of the last ``keep`` positions of ``sequence``, reusing the cached prefix.
 
         The cache is cropped to the longest prefix it shares with ``sequence`` (speculated
-        tokens that were rejected fall away), and at least one token is always fed.
+        tokens that were rejected fall away), and at least the last ``keep`` tokens are fed.
         """
         if self.cache is None:
             self.reset()
         common = 0
-        limit = min(len(self.tokens), len(sequence) - 1)
+        limit = min(len(self.tokens), len(sequence) - max(keep, 1))  # feed every kept position
         while common < limit and self.tokens[common] == sequence[common]:
             common += 1
         self.crop(common)
@@ -76,6 +76,13 @@ class ModelRunner:
         self.seconds += time.perf_counter() - start
         return out.logits[0].float()
 
+    def hold(self, sequence: list[int]) -> bool:
+        """Crop the cache to exactly ``sequence`` if it holds it as a prefix (no forward pass)."""
+        if self.cache is None or len(sequence) > len(self.tokens) or self.tokens[:len(sequence)] != sequence:
+            return False
+        self.crop(len(sequence))
+        return True
+
     def crop(self, length: int) -> None:
         """Drop cached positions past ``length``."""
         if length < self.length:
@@ -89,11 +96,19 @@ class ModelRunner:
 def self_draft(model: Any, kind: str) -> Any:
     """A draft built from the target's own weights.
 
-    ``"bf16"``: the same weights in bfloat16. ``"layers:N"``: the first N decoder layers plus
+    ``"bf16"``: the same weights in bfloat16. ``"int8"``: linear layers dynamically quantised
+    to int8 (fast on CPUs). ``"layers:N"``: the first N decoder layers plus
     the final norm and LM head (weights shared with the target, nothing copied).
     """
     if kind == "bf16":
         return copy.deepcopy(model).to(torch.bfloat16).eval()
+    if kind == "int8":
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch.ao's deprecation notice; the kernels are current
+            return torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear},
+                                                          dtype=torch.qint8).eval()
     if kind.startswith("layers:"):
         count = int(kind.split(":", 1)[1])
         layers = model.model.layers
@@ -112,7 +127,7 @@ def self_draft(model: Any, kind: str) -> Any:
         if hasattr(draft.config, "layer_types") and draft.config.layer_types:
             draft.config.layer_types = draft.config.layer_types[:count]
         return draft.eval()
-    raise CdslError(f"unknown self-draft {kind!r}; use 'bf16' or 'layers:N'")
+    raise CdslError(f"unknown self-draft {kind!r}; use 'bf16', 'int8' or 'layers:N'")
 
 
 def check_same_vocabulary(target_vocab: Any, draft_vocab: Any) -> None:

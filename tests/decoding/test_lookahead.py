@@ -6,7 +6,7 @@ import pytest
 
 from cdsl_struct import Regex, compile
 from cdsl_struct.decoding import DraftModelProposer, decode
-from cdsl_struct.decoding.lookahead import CDLH, CDSL, CDSL_STATES
+from cdsl_struct.decoding.lookahead import CDLH, CDSL, CDSL_STATES, GuidedDraft
 from cdsl_struct.models.runner import ModelRunner
 from cdsl_struct.rewards import CallableReward, RewardError
 from tests.decoding.test_mechanics_tiny import PROMPT, letters_vocab, tiny_model
@@ -48,9 +48,36 @@ def test_cdsl_counts_states_and_keeps_the_constraint(setup, fallback):
 def test_cdsl_with_thresholds_zero_is_lossless_speculation(setup):
     compiled, target, draft = setup
     plain = decode(target, compiled, PROMPT, max_tokens=8)
-    cdsl = CDSL(draft, likes_h, d=3, acceptance_threshold=0.0, reward_threshold=0.0)
+    cdsl = CDSL(draft, likes_h, d=3, acceptance_threshold=0.0, reward_threshold=0.0, commit="prefix")
     assert decode(target, compiled, PROMPT, max_tokens=8, strategy=cdsl).tokens == plain.tokens
     assert set(cdsl.states) == {"accept"}
+
+
+def test_cdsl_keeps_whole_accepted_lookaheads_and_verified_prefixes(setup):
+    compiled, target, draft = setup
+    draft_only = decode(draft.runner, compiled, PROMPT, max_tokens=8)
+    keep_all = CDSL(draft, likes_h, d=8, acceptance_threshold=0.0, reward_threshold=0.0)
+    result = decode(target, compiled, PROMPT, max_tokens=8, strategy=keep_all)
+    assert result.tokens[:len(draft_only.tokens) - 1] == draft_only.tokens[:-1]  # the draft's own text
+    assert result.stats.target_passes <= 3
+    # a_t = 1 and a draft that disagrees: only verified prefixes plus target tokens, i.e. the target's text
+    strict = CDSL(draft, likes_h, d=3, acceptance_threshold=1.0, reward_threshold=0.0)
+    plain = decode(target, compiled, PROMPT, max_tokens=8)
+    assert decode(target, compiled, PROMPT, max_tokens=8, strategy=strict).tokens == plain.tokens
+
+
+def test_guided_draft_picks_reward_carrying_tokens(setup):
+    compiled, _, draft = setup
+    plain = decode(draft.runner, compiled, PROMPT, max_tokens=8)
+    guided = GuidedDraft(draft.runner, likes_h, k=8, lam=100.0)
+    cdsl = CDSL(guided, likes_h, d=6, acceptance_threshold=0.0, reward_threshold=0.0)
+    steered = decode(draft.runner, compiled, PROMPT, max_tokens=8, strategy=cdsl)
+    assert re.fullmatch(PATTERN, steered.text)
+    assert likes_h(steered.text) > likes_h(plain.text)
+    with pytest.raises(ValueError, match="k must be"):
+        GuidedDraft(draft.runner, likes_h, k=0)
+    with pytest.raises(ValueError, match="lam must be"):
+        GuidedDraft(draft.runner, likes_h, lam=-1.0)
 
 
 def test_bad_parameters_are_clear_errors(setup):
@@ -67,6 +94,8 @@ def test_bad_parameters_are_clear_errors(setup):
         CDSL(draft, likes_h, fallback="beam")
     with pytest.raises(ValueError, match="reward_on"):
         CDSL(draft, likes_h, reward_on="tokens")
+    with pytest.raises(ValueError, match="commit"):
+        CDSL(draft, likes_h, commit="all")
 
 
 def test_reward_on_ending_rejects_only_short_endings(setup):

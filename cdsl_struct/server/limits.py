@@ -1,0 +1,69 @@
+"""ASGI middleware refusing request bodies over a size limit with 413 in OpenAI's error shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .errors import APIError
+
+
+class BodySizeLimit:
+    """Refuse a body over ``max_bytes``: by its Content-Length at once, or while reading it.
+
+    The body is read here (at most ``max_bytes`` + one chunk are held) and replayed to the app.
+    Before a 413 the rest of a body of up to ``DRAIN_BYTES`` is read and dropped, so that the
+    client, still sending, gets the answer rather than a reset connection.
+    """
+
+    DRAIN_BYTES = 64 * 1024 * 1024
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._refuse(scope, receive, send, int(declared), more_body=int(declared) <= self.DRAIN_BYTES)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                await self._refuse(scope, receive, send, None, more_body=message.get("more_body", False))
+                return
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, declared: Any, *, more_body: bool) -> None:
+        drained = 0
+        while more_body and drained <= self.DRAIN_BYTES:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            drained += len(message.get("body", b""))
+            more_body = message.get("more_body", False)
+        size = f"{declared} bytes" if declared is not None else "more than that"
+        error = APIError(413, f"The request body is too large ({size}); this server accepts at most "
+                              f"{self.max_bytes} bytes (--max-request-bytes).", code="request_too_large")
+        await error.response()(scope, receive, send)
