@@ -1,0 +1,46 @@
+"""A real uvicorn server on a free localhost port, in a background thread, and openai clients for it."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+pytest.importorskip("fastapi", reason="needs the server extra: pip install 'cdsl_struct[server]'")
+pytest.importorskip("openai", reason="needs the server extra: pip install 'cdsl_struct[server]'")
+
+
+@contextmanager
+def running_server(app) -> Iterator[str]:
+    """Serve ``app`` on 127.0.0.1 (a port picked by the OS); yield its base URL ``http://127.0.0.1:P/v1``."""
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+
+
+def client_for(base_url: str, **kwargs):
+    """The official openai client for a test server (no retries, so status codes are seen as sent)."""
+    import openai
+
+    return openai.OpenAI(base_url=base_url, api_key="x", max_retries=0, **kwargs)

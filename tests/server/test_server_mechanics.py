@@ -1,0 +1,241 @@
+"""Server mechanics with a scripted stand-in Generator (no model): the request translation, the
+error mapping, stream framing, and the queue limit, each deterministic and fast."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2 as httpx
+import openai
+import pytest
+
+from cdsl_struct.errors import CompileTimeout, GrammarSyntaxError, InvalidSchema, UnsupportedFeature
+from cdsl_struct.result import Result
+
+from .conftest import client_for, running_server
+
+
+@dataclass
+class FakeCall:
+    name: str
+    arguments: dict
+    id: str = "call_1"
+
+
+class FakeTokenizer:
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": list(range(len(text.split())))}
+
+    def apply_chat_template(self, messages, tools=None, add_generation_prompt=True, tokenize=True):
+        return {"input_ids": list(range(sum(len(m["content"].split()) + 2 for m in messages)))}
+
+
+@dataclass
+class FakeGenerator:
+    """Answers from the prompt text: ``block`` waits for ``release``; ``timeout``, ``dead`` and
+    ``bad grammar`` raise or end as named; otherwise it echoes what it was asked as JSON."""
+
+    model_name: str = "fake-model"
+    tokenizer: Any = field(default_factory=FakeTokenizer)
+    release: threading.Event = field(default_factory=threading.Event)
+    started: threading.Event = field(default_factory=threading.Event)
+    calls: list = field(default_factory=list)
+
+    def generate(self, prompt, *, stream=False, **kwargs):
+        if isinstance(prompt, list) and isinstance(prompt[0], str):
+            return [self.generate(one, **kwargs) for one in prompt]
+        self.calls.append((prompt, kwargs))
+        text = prompt if isinstance(prompt, str) else prompt[-1]["content"]
+        if text == "block":
+            self.started.set()
+            assert self.release.wait(10)
+        if text == "timeout":
+            raise CompileTimeout("compiling took more than 0.01 s")
+        if kwargs.get("grammar") == "start: (":
+            raise GrammarSyntaxError("unexpected end of grammar at line 1 column 9", line=1, column=9)
+        if kwargs.get("regex") == "(?<=a)b":
+            raise UnsupportedFeature("lookbehind is not supported", feature="lookbehind")
+        if kwargs.get("schema") == {"type": "nonsense"}:
+            raise InvalidSchema("'nonsense' is not valid under any of the given schemas")
+        if kwargs.get("temperature", 0) > 1.5:
+            raise ValueError("temperature too high for this fake")
+        if text == "dead":
+            result = Result(text="{", tokens=[1], finish_reason="constraint_dead_end", complete=False)
+        elif kwargs.get("tools") and kwargs.get("tool_choice") != "none":
+            result = Result(text='{"name": "f"}', tokens=[1, 2, 3], finish_reason="stop", complete=True)
+            result.tool_calls = [FakeCall("f", {"x": 1}, "call_a"), FakeCall("g", {}, "call_b")]
+        else:
+            body = json.dumps({"prompt": text, **{k: v for k, v in kwargs.items() if k != "tools"}})
+            result = Result(text=body, tokens=list(range(5)), finish_reason="stop", complete=True, value=None)
+            result.tool_calls = []
+        if not stream:
+            return result
+        pieces = [result.text[i:i + 4] for i in range(0, len(result.text), 4)]
+        return iter([*pieces[:-1], result])  # the last piece left out: the server sends the rest
+
+
+@pytest.fixture(scope="module")
+def fake():
+    from cdsl_struct.server import create_app
+
+    generator = FakeGenerator()
+    app = create_app(generator, max_request_bytes=20_000, queue_limit=1, default_max_tokens=17)
+    with running_server(app) as base_url:
+        yield generator, base_url
+
+
+def chat(client, content, **kwargs):
+    return client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": content}],
+                                          **kwargs)
+
+
+def test_request_translation(fake):
+    generator, base_url = fake
+    client = client_for(base_url)
+    answer = chat(client, "hi", response_format={"type": "json_object"}, temperature=0.5, top_p=0.9, seed=3,
+                  extra_body={"keywords": ["a", "b"], "method": "target"})
+    sent = json.loads(answer.choices[0].message.content)
+    assert sent == {"prompt": "hi", "schema": {"type": "object"}, "max_tokens": 17, "temperature": 0.5,
+                    "top_p": 0.9, "seed": 3, "method": "target", "keywords": ["a", "b"]}
+    assert answer.usage.prompt_tokens == 3 and answer.usage.completion_tokens == 5
+    answer = chat(client, "x", max_completion_tokens=9,
+                  response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "string"}}})
+    assert json.loads(answer.choices[0].message.content)["schema"] == {"type": "string"}
+    assert json.loads(answer.choices[0].message.content)["max_tokens"] == 9
+    generator.calls.clear()
+    client.chat.completions.create(
+        model="fake-model", messages=[{"role": "developer", "content": [{"type": "text", "text": "be brief"}]},
+                                      {"role": "user", "content": "y"}])
+    assert generator.calls[-1][0][0] == {"role": "system", "content": "be brief"}
+
+
+def test_completions_batch_and_choices(fake):
+    _, base_url = fake
+    client = client_for(base_url)
+    answer = client.completions.create(model="fake-model", prompt=["one", "two"], extra_body={"choices": ["a", "b"]})
+    assert [json.loads(c.text)["prompt"] for c in answer.choices] == ["one", "two"]
+    assert [c.index for c in answer.choices] == [0, 1]
+    assert json.loads(answer.choices[0].text)["choices"] == ["a", "b"]
+
+
+def test_tool_calls_shape(fake):
+    _, base_url = fake
+    client = client_for(base_url)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    answer = chat(client, "call", tools=tools, tool_choice={"type": "function", "function": {"name": "f"}},
+                  parallel_tool_calls=True)
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert [(c.id, c.type, c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls] == [
+        ("call_a", "function", "f", {"x": 1}), ("call_b", "function", "g", {})]
+    chunks = list(chat(client, "call", tools=tools, stream=True))
+    deltas = [c.choices[0].delta for c in chunks]
+    assert deltas[0].role == "assistant"
+    calls = [call for d in deltas for call in (d.tool_calls or [])]
+    assert [(c.index, c.function.name) for c in calls] == [(0, "f"), (1, "g")]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_stream_framing(fake):
+    _, base_url = fake
+    with httpx.Client() as http:
+        response = http.post(f"{base_url}/chat/completions", json={
+            "messages": [{"role": "user", "content": "stream me"}], "stream": True,
+            "stream_options": {"include_usage": True}})
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+    events = [line[len("data: "):] for line in response.text.split("\n\n") if line]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"} and len({c["id"] for c in chunks}) == 1
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert json.loads(text)["prompt"] == "stream me"
+    assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 5
+    client = client_for(base_url)
+    pieces = list(client.completions.create(model="fake-model", prompt="go", stream=True))
+    assert json.loads("".join(p.choices[0].text for p in pieces))["prompt"] == "go"
+    assert pieces[-1].choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize(("kwargs", "code", "param", "words"), [
+    ({"extra_body": {"grammar": "start: ("}}, "grammar_syntax_error", "grammar", "line 1 column 9"),
+    ({"extra_body": {"regex": "(?<=a)b"}}, "unsupported_feature", "regex", "lookbehind"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
+     "invalid_schema", "response_format", "nonsense"),
+    ({"temperature": 1.9}, "invalid_value", None, "temperature too high"),
+    ({"temperature": 3}, "invalid_request", "temperature", "less than or equal to 2"),
+    ({"n": 2}, "unsupported_parameter", "n", "n=2"),
+    ({"stop": ["\n"]}, "unsupported_parameter", "stop", "stop sequences"),
+    ({"extra_body": {"regex": "a", "choices": ["a"]}}, "conflicting_constraints", "choices", "at most one"),
+    ({"tool_choice": "required"}, "invalid_value", "tool_choice", "needs tools"),
+])
+def test_bad_requests_are_400(fake, kwargs, code, param, words):
+    client = client_for(fake[1])
+    with pytest.raises(openai.BadRequestError) as caught:
+        chat(client, "x", **kwargs)
+    error = caught.value.body
+    assert caught.value.status_code == 400 and error["code"] == code and error["param"] == param
+    assert words in error["message"] and error["type"] == "invalid_request_error"
+
+
+def test_compile_timeout_is_400(fake):
+    with pytest.raises(openai.BadRequestError, match="compile timeout") as caught:
+        chat(client_for(fake[1]), "timeout", response_format={"type": "json_object"})
+    assert caught.value.body["code"] == "compile_timeout" and caught.value.body["param"] == "response_format"
+    with pytest.raises(openai.BadRequestError, match="compile timeout"):  # before the stream starts
+        list(chat(client_for(fake[1]), "timeout", stream=True))
+
+
+def test_dead_end_is_reported(fake):
+    answer = chat(client_for(fake[1]), "dead")
+    assert answer.choices[0].finish_reason == "constraint_dead_end"
+
+
+def test_http_level_errors(fake):
+    _, base_url = fake
+    with httpx.Client() as http:
+        cases = {
+            "malformed json": http.post(f"{base_url}/chat/completions", content=b'{"messages": [',
+                                        headers={"content-type": "application/json"}),
+            "missing field": http.post(f"{base_url}/chat/completions", json={"model": "fake-model"}),
+            "oversize": http.post(f"{base_url}/completions", json={"prompt": "x" * 30_000}),
+            "unknown model": http.post(f"{base_url}/completions", json={"prompt": "x", "model": "gpt-9"}),
+            "unknown route": http.get(f"{base_url}/nowhere"),
+            "model card 404": http.get(f"{base_url}/models/gpt-9"),
+        }
+    expected = {"malformed json": (400, "invalid_json"), "missing field": (400, "invalid_request"),
+                "oversize": (413, "request_too_large"), "unknown model": (404, "model_not_found"),
+                "unknown route": (404, "not_found"), "model card 404": (404, "model_not_found")}
+    for name, response in cases.items():
+        error = response.json()["error"]
+        assert (response.status_code, error["code"]) == expected[name], name
+        assert set(error) == {"message", "type", "param", "code"} and error["message"], name
+    assert "messages" in cases["missing field"].json()["error"]["message"]
+
+
+def test_queue_limit_is_429_and_nothing_is_lost(fake):
+    generator, base_url = fake
+    client = client_for(base_url)
+    generator.release.clear()
+    generator.started.clear()
+    with ThreadPoolExecutor(2) as pool:
+        running = pool.submit(chat, client, "block")
+        assert generator.started.wait(10)
+        waiting = pool.submit(chat, client, "queued")  # queue_limit=1: one may wait
+        with httpx.Client() as http:  # wait until the second request is admitted and waiting
+            deadline = time.monotonic() + 10
+            while http.get(base_url.removesuffix("/v1") + "/health").json()["active_requests"] < 2:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+        with pytest.raises(openai.RateLimitError) as caught:
+            chat(client, "refused")
+        assert caught.value.status_code == 429 and caught.value.body["code"] == "queue_full"
+        generator.release.set()
+        assert json.loads(running.result(10).choices[0].message.content)["prompt"] == "block"
+        assert json.loads(waiting.result(10).choices[0].message.content)["prompt"] == "queued"
