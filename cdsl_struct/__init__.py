@@ -1,10 +1,12 @@
 """cdsl_struct: structured output from Hugging Face causal LMs.
 
 Hard constraints (JSON Schema, regex, choices, Lark grammars) mask the logits so every output
-is valid; ``compile()`` a spec once for a tokenizer, then drive one ``ConstraintState`` per
-sequence.
+is valid; ``generate()`` (or a reusable ``Generator``) decodes under them, with speculative
+decoding and reward-steered strategies; ``compile()`` a spec once for a tokenizer to drive one
+``ConstraintState`` per sequence yourself.
 """
 
+from .api import Generator, generate
 from .constraints import (
     Choice,
     CompiledConstraint,
@@ -32,6 +34,8 @@ from .errors import (
     UnsupportedFeature,
 )
 from .models.tokenizers import NAMED_TOKENIZERS, load_tokenizer
+from .result import Result
+from .tools import ToolCall, tool_from_function
 
 __version__ = "0.1.0"
 
@@ -43,6 +47,7 @@ __all__ = [
     "CompileTimeout",
     "CompiledConstraint",
     "ConstraintState",
+    "Generator",
     "Grammar",
     "GrammarSyntaxError",
     "IncompatibleTokenizers",
@@ -50,14 +55,18 @@ __all__ = [
     "InvalidToken",
     "JsonSchema",
     "Regex",
+    "Result",
     "RollbackError",
     "TokenVocabulary",
     "TokenizerNotFound",
+    "ToolCall",
     "UnsatisfiableSchema",
     "UnsupportedFeature",
     "WhitespacePolicy",
     "allocate_bitmask",
     "apply_bitmask",
     "compile",
+    "generate",
     "load_tokenizer",
+    "tool_from_function",
 ]

@@ -1,4 +1,4 @@
-"""``cdsl-struct`` command line: ``bench`` harnesses, ``models`` and ``tokenizers`` assets."""
+"""``cdsl-struct`` command line: ``generate``, ``serve``, ``bench`` harnesses, ``models`` and ``tokenizers``."""
 
 from __future__ import annotations
 
@@ -7,12 +7,14 @@ import json
 import sys
 from pathlib import Path
 
+from .generate_cli import add_generate_parser, run_generate
 from .server.cli import add_serve_parser, run_serve
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cdsl-struct", description="Structured output for Hugging Face LMs.")
     commands = parser.add_subparsers(dest="command", required=True)
+    add_generate_parser(commands)
 
     bench = commands.add_parser("bench", help="run a benchmark harness").add_subparsers(dest="bench", required=True)
     mask = bench.add_parser("maskbench", help="JSONSchemaBench/MaskBench: compile + mask correctness and speed")
@@ -76,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     add_serve_parser(commands)
 
     args = parser.parse_args(argv)
+    if args.command == "generate":
+        return run_generate(args)
     if args.command == "bench" and args.bench == "maskbench":
         return _maskbench(args)
     if args.command == "bench" and args.bench == "speculative":

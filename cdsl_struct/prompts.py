@@ -32,7 +32,9 @@ def normalise_messages(messages: Sequence[Any]) -> list[dict[str, str]]:
         content = _text_content(message.get("content"), i)
         calls = message.get("tool_calls")
         if role == "assistant" and calls:
-            content += CALL_MARKER + json.dumps([_call_as_json(c, i) for c in calls], ensure_ascii=False)
+            written = [_call_as_json(c, i) for c in calls]
+            content += CALL_MARKER + json.dumps(written[0] if len(written) == 1 else written, ensure_ascii=False,
+                                                separators=(",", ":"))
         normalised.append({"role": role, "content": content})
     return normalised
 
@@ -74,7 +76,8 @@ def with_system(messages: list[dict[str, str]], text: str) -> list[dict[str, str
     return [{"role": "system", "content": text}, *messages]
 
 
-def prompt_ids(tokenizer: Any, prompt: str | Sequence[Any], *, chat: bool = True, system: str | None = None) -> list[int]:
+def prompt_ids(tokenizer: Any, prompt: str | Sequence[Any], *, chat: bool = True,
+               system: str | None = None) -> list[int]:
     """Token ids of a prompt, ready for the assistant's reply.
 
     A string is one user message when ``chat`` is true and the tokenizer has a chat template,

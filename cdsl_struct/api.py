@@ -1,0 +1,363 @@
+"""``Generator`` and ``generate()``: the user-facing API.
+
+A ``Generator`` loads a model (and its draft) once; every ``generate`` call resolves its
+constraint, reward and method, compiles the constraint (cached), and decodes under one lock,
+so a Generator can be shared between threads. ``generate()`` keeps one Generator per model
+and draft.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from .constraints import (
+    Choice,
+    CompiledConstraint,
+    ConstraintSpec,
+    Grammar,
+    JsonSchema,
+    Regex,
+    TokenVocabulary,
+    compile,
+)
+from .decoding import DraftModelProposer, SamplingParams, build_proposers, decode
+from .decoding.lookahead import CDLH, CDSL
+from .models.loading import LoadedModel, load_model
+from .models.runner import ModelRunner, self_draft
+from .prompts import prompt_ids
+from .result import DecodeStats, Result
+from .rewards import KeywordCoverage, Reward, WeightedMean
+from .rewards.base import as_reward
+from .streaming import MarkerHoldback, TextDeltas, stream_in_thread
+from .tools import CALL_MARKER, InvalidToolCall, ToolRequest, auto_choice_pattern, parse_tool_calls, tool_request
+
+METHODS = ("auto", "target", "speculative", "cdlh", "cdsl")
+FREE_TEXT = r"[\s\S]*"
+"""The constraint of an unconstrained answer: any text (special tokens excluded), EOS anywhere."""
+AUTO_DRAFT = "lookup"
+"""``draft="auto"``: prompt lookup (plus the grammar's forced tokens, always on). Both are free,
+and on the embedded model they beat model drafts in wall time (BENCHMARKS.md)."""
+CDSL_SELF_DRAFT = "bf16"
+"""The draft model CDSL uses when ``draft`` names no model: the target's weights in bf16."""
+
+Emit = Callable[[str], None]
+
+
+@dataclass
+class _Request:
+    """One ``generate`` call, resolved: what to decode under, how, and for how long."""
+
+    answer: CompiledConstraint
+    method: str
+    params: SamplingParams
+    max_tokens: int
+    reward: Reward | None = None
+    tools: ToolRequest | None = None
+    call: CompiledConstraint | None = None
+    choice: CompiledConstraint | None = None
+
+
+class Generator:
+    """Models loaded once, compiled constraints cached; thread-safe (one lock around decoding).
+
+    ``model``: ``"smollm2"`` (the embedded default), a ``.gguf`` file, a folder, an HF id in the
+    local cache, or a ``LoadedModel``. ``draft``: ``"auto"`` (prompt lookup), ``None`` (no
+    draft: ``method="auto"`` decodes target-only, or CDLH with a reward), or a spec for
+    ``build_proposers``: ``"lookup"``, ``"bf16"``, ``"layers:N"``, a model path, or parts joined
+    by ``+``. CDSL uses the draft's model part, else a bf16 copy of the target (made on first
+    use). ``backend`` / ``whitespace`` / ``compile_timeout`` are passed to ``compile``; ``k`` is
+    the number of tokens speculated per step.
+    """
+
+    def __init__(self, model: str | LoadedModel = "smollm2", *, draft: str | None = "auto",
+                 backend: str = "auto", whitespace: str = "compact", compile_timeout: float = 30.0,
+                 k: int = 6) -> None:
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        self.loaded = model if isinstance(model, LoadedModel) else load_model(model)
+        self.model_name: str = self.loaded.name
+        self.tokenizer: Any = self.loaded.tokenizer
+        self.vocabulary = TokenVocabulary.from_tokenizer(self.tokenizer, self.loaded.eos_token_ids)
+        self.backend = backend
+        self.whitespace = whitespace
+        self.compile_timeout = compile_timeout
+        self.k = k
+        self.draft: str | None = None if draft in (None, "none") else (AUTO_DRAFT if draft == "auto" else draft)
+        self.target = ModelRunner(self.loaded.model)
+        self.proposers = build_proposers(self.draft, self.loaded.model, target_tokenizer=self.tokenizer)
+        self._cdsl_draft: DraftModelProposer | None = next(
+            (p for p in self.proposers if isinstance(p, DraftModelProposer)), None)
+        self._marker_ids = list(self.tokenizer.encode(CALL_MARKER, add_special_tokens=False))
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"Generator(model={self.model_name!r}, draft={self.draft!r}, backend={self.backend!r})"
+
+    # --- public -------------------------------------------------------------------------------
+
+    def generate(self, prompt: str | Sequence[Any], *, schema: Any = None, regex: str | None = None,
+                 choices: Sequence[str] | None = None, grammar: Any = None,
+                 keywords: Sequence[str] | None = None, reward: Reward | Callable[..., float] | None = None,
+                 tools: Sequence[Any] | None = None, tool_choice: Any = "auto", parallel_tool_calls: bool = False,
+                 method: str = "auto", max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
+                 seed: int | None = None, stream: bool = False,
+                 chat: bool = True) -> Result | list[Result] | Iterator[str | Result]:
+        """Generate an answer to ``prompt`` under at most one hard constraint.
+
+        ``prompt``: a string (one user message in the chat template; ``chat=False`` encodes it
+        as it is), a list of ``{"role", "content"}`` messages, or a list of strings (or of
+        message lists), which returns a list of Results, decoded one after the other with the
+        constraint compiled once.
+
+        Constraints (at most one): ``schema`` (JSON Schema dict or text, or a pydantic model:
+        ``value`` is then an instance), ``regex``, ``choices`` (``value`` is the chosen
+        string), ``grammar`` (Lark text, a ``.lark`` path or a shipped name; ``value`` is a
+        ``lark.Tree``), or ``tools`` (OpenAI tool dicts or functions; ``tool_choice`` ``"auto"``,
+        ``"required"``, ``"none"`` or a tool name; ``parallel_tool_calls`` allows one or more
+        calls; ``value`` and ``tool_calls`` are the ``ToolCall`` list when calls were made).
+        With none, the answer is free text that ends at EOS.
+
+        Soft constraints: ``keywords`` (keyword coverage, inflections count) and ``reward``
+        (a ``Reward`` or ``fn(text, final) -> float`` in [0, 1]) steer CDLH/CDSL and combine with
+        any hard constraint.
+
+        ``method``: ``"auto"`` (cdsl with a reward and a draft, cdlh with a reward and no draft,
+        else speculative with a draft, else target), ``"target"``, ``"speculative"`` (lossless),
+        ``"cdlh"`` or ``"cdsl"`` (greedy only). ``temperature`` 0 is greedy; above it samples
+        with ``top_p`` and ``seed``.
+
+        ``value`` is None and ``complete`` False unless the output ended at EOS in a complete
+        state (``finish_reason == "stop"``). ``stream=True`` returns an iterator of text deltas
+        whose last item is the Result (the deltas concatenate to ``Result.text``).
+
+        Raises ``ValueError`` for bad parameters and the typed ``CompileError`` subclasses for a
+        bad constraint, before anything is decoded (also when streaming).
+        """
+        request = self._resolve(schema=schema, regex=regex, choices=choices, grammar=grammar, keywords=keywords,
+                                reward=reward, tools=tools, tool_choice=tool_choice,
+                                parallel_tool_calls=parallel_tool_calls, method=method, max_tokens=max_tokens,
+                                temperature=temperature, top_p=top_p, seed=seed)
+        system = request.tools.system_prompt() if request.tools else None
+        prompts, batch = _split_batch(prompt)
+        encoded = [self._encode(p, chat, system, max_tokens) for p in prompts]
+        if stream:
+            if batch:
+                raise ValueError("stream=True takes one prompt, not a list of prompts")
+            return stream_in_thread(lambda emit: self.run(request, encoded[0], emit))
+        results = [self.run(request, ids) for ids in encoded]
+        return results if batch else results[0]
+
+    def choose_method(self, method: str, has_reward: bool) -> str:
+        """The decoder ``method`` means for this Generator (``"auto"`` resolved)."""
+        if method not in METHODS:
+            raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+        if method == "auto":
+            if has_reward:
+                return "cdsl" if self.draft else "cdlh"
+            return "speculative" if self.draft else "target"
+        if method in ("cdlh", "cdsl") and not has_reward:
+            raise ValueError(f"method {method!r} steers by a reward: pass keywords= or reward=")
+        if method in ("target", "speculative") and has_reward:
+            raise ValueError(f"method {method!r} ignores rewards: use 'cdlh', 'cdsl' or 'auto' with keywords/reward")
+        if method == "cdsl" and not self.draft:
+            raise ValueError("method 'cdsl' needs a draft; this Generator was made with draft=None")
+        return method
+
+    # --- resolving a request ------------------------------------------------------------------
+
+    def _resolve(self, *, schema: Any, regex: Any, choices: Any, grammar: Any, keywords: Any, reward: Any,
+                 tools: Any, tool_choice: Any, parallel_tool_calls: bool, method: str, max_tokens: int,
+                 temperature: float, top_p: float, seed: int | None) -> _Request:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
+        params = SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
+        steer = _reward(keywords, reward)
+        chosen = self.choose_method(method, steer is not None)
+        if chosen in ("cdlh", "cdsl") and not params.greedy:
+            raise ValueError(f"method {chosen!r} decodes greedily; use temperature=0")
+        calls = tool_request(tools, tool_choice, parallel_tool_calls)
+        spec = _answer_spec(schema=schema, regex=regex, choices=choices, grammar=grammar)
+        if calls is not None and spec is not None:
+            raise ValueError("pass tools or one of schema/regex/choices/grammar, not both")
+        request = _Request(self.compile(spec or Regex(FREE_TEXT)), chosen, params, max_tokens, steer, calls)
+        if calls is not None:
+            request.call = self.compile(JsonSchema(calls.call_schema))
+            if calls.mode == "auto":
+                request.choice = self.compile(Regex(auto_choice_pattern()))
+        return request
+
+    def compile(self, spec: ConstraintSpec) -> CompiledConstraint:
+        """``spec`` compiled for this model's tokenizer (cached by ``cdsl_struct.compile``)."""
+        return compile(spec, self.vocabulary, backend=self.backend, whitespace=self.whitespace,
+                       timeout=self.compile_timeout)
+
+    def _encode(self, prompt: Any, chat: bool, system: str | None, max_tokens: int) -> list[int]:
+        ids = prompt_ids(self.tokenizer, prompt, chat=chat, system=system)
+        context = getattr(self.loaded.model.config, "max_position_embeddings", None)
+        if context and len(ids) + max_tokens + 1 > context:
+            raise ValueError(f"prompt of {len(ids)} tokens plus max_tokens={max_tokens} exceeds the model's "
+                             f"context of {context} tokens")
+        return ids
+
+    # --- decoding -----------------------------------------------------------------------------
+
+    def run(self, request: _Request, prompt: list[int], emit: Emit | None = None) -> Result:
+        """Decode one prompt (token ids) for a resolved request; ``emit`` receives text deltas."""
+        with self._lock:
+            tools = request.tools
+            if tools is None:
+                result = self._decode(request, request.answer, prompt, request.max_tokens, emit)
+            elif tools.mode == "call":
+                result = self._calls(request, prompt + self._marker_ids, request.max_tokens, emit)
+            else:
+                result = self._text_or_calls(request, prompt, emit)
+        if result.finish_reason != "stop":
+            result.complete, result.value = False, None
+        result.method = request.method
+        return result
+
+    def _text_or_calls(self, request: _Request, prompt: list[int], emit: Emit | None) -> Result:
+        """``tool_choice="auto"``: the model writes the call marker or text; after the marker, calls."""
+        assert request.choice is not None
+        holdback = MarkerHoldback(CALL_MARKER, emit) if emit else None
+        first = self._decode(request, request.choice, prompt, request.max_tokens, holdback)
+        if first.finish_reason != "stop" or first.text != CALL_MARKER:
+            if holdback:
+                holdback.release()
+            return first
+        body = [t for t in first.tokens if t not in self.vocabulary.eos_token_ids]
+        room = request.max_tokens - len(first.tokens)
+        if room < 1:
+            return Result(text="", tokens=[], finish_reason="length", complete=False, stats=first.stats)
+        return self._calls(request, prompt + body, room, emit, first.stats)
+
+    def _calls(self, request: _Request, prompt: list[int], max_tokens: int, emit: Emit | None,
+               before: DecodeStats | None = None) -> Result:
+        assert request.call is not None and request.tools is not None
+        result = self._decode(request, request.call, prompt, max_tokens, emit)
+        if before is not None:
+            result.stats = _added(before, result.stats)
+        if result.finish_reason == "stop" and result.complete:
+            try:
+                result.tool_calls = parse_tool_calls(request.tools, result.text)
+                result.value = result.tool_calls
+            except InvalidToolCall:  # cannot happen under the constraint; never pass it on as valid
+                result.complete, result.value = False, None
+        return result
+
+    def _decode(self, request: _Request, compiled: CompiledConstraint, prompt: list[int], max_tokens: int,
+                emit: Emit | None) -> Result:
+        deltas = TextDeltas(self.vocabulary) if emit else None
+        on_tokens = (lambda tokens: emit(deltas.push(tokens))) if emit and deltas else None
+        proposers = self.proposers if request.method == "speculative" else ()
+        result = decode(self.target, compiled, prompt, proposers=proposers, k=self.k, max_tokens=max_tokens,
+                        params=request.params, on_tokens=on_tokens, strategy=self._strategy(request))
+        if emit and deltas:
+            emit(deltas.flush())
+        return result
+
+    def _strategy(self, request: _Request) -> Any:
+        if request.method == "cdlh":
+            return CDLH(request.reward)
+        if request.method == "cdsl":
+            return CDSL(self._cdsl_proposer(), request.reward)
+        return None
+
+    def _cdsl_proposer(self) -> DraftModelProposer:
+        if self._cdsl_draft is None:
+            model = self_draft(self.loaded.model, CDSL_SELF_DRAFT)
+            self._cdsl_draft = DraftModelProposer(ModelRunner(model, name=CDSL_SELF_DRAFT))
+        return self._cdsl_draft
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def _answer_spec(*, schema: Any, regex: Any, choices: Any, grammar: Any) -> ConstraintSpec | None:
+    """The hard constraint named by at most one of the arguments (None: free text)."""
+    given = [name for name, value in (("schema", schema), ("regex", regex), ("choices", choices),
+                                      ("grammar", grammar)) if value is not None]
+    if len(given) > 1:
+        raise ValueError(f"pass at most one of schema/regex/choices/grammar, got {', '.join(given)}")
+    if schema is not None:
+        return schema if isinstance(schema, JsonSchema) else JsonSchema(schema)
+    if regex is not None:
+        if isinstance(regex, Regex):
+            return regex
+        if not isinstance(regex, str):
+            raise ValueError(f"regex must be a string, got {type(regex).__name__}")
+        return Regex(regex)
+    if choices is not None:
+        if isinstance(choices, Choice):
+            return choices
+        if isinstance(choices, (str, bytes)) or not isinstance(choices, Sequence) \
+                or not all(isinstance(c, str) for c in choices):
+            raise ValueError("choices must be a list of strings")
+        return Choice(choices)
+    if grammar is not None:
+        if isinstance(grammar, Grammar):
+            return grammar
+        if not isinstance(grammar, (str, Path)):
+            raise ValueError("grammar must be Lark text, a .lark path or a shipped grammar's name")
+        return Grammar(grammar)
+    return None
+
+
+def _reward(keywords: Any, reward: Any) -> Reward | None:
+    rewards: list[Reward] = []
+    if keywords is not None:
+        if isinstance(keywords, (str, bytes)) or not all(isinstance(w, str) for w in keywords):
+            raise ValueError("keywords must be a list of words")
+        rewards.append(KeywordCoverage(keywords))
+    if reward is not None:
+        if not callable(reward):
+            raise ValueError("reward must be a Reward or a function fn(text, final) -> float")
+        rewards.append(as_reward(reward))
+    if not rewards:
+        return None
+    return rewards[0] if len(rewards) == 1 else WeightedMean(rewards)
+
+
+def _split_batch(prompt: Any) -> tuple[list[Any], bool]:
+    """(prompts, is_batch): a string or a message list is one prompt; a list of them a batch."""
+    if isinstance(prompt, str):
+        return [prompt], False
+    if not isinstance(prompt, Sequence) or not prompt:
+        raise ValueError("prompt must be a string, a non-empty list of messages, or a list of prompts")
+    if all(isinstance(p, dict) for p in prompt):
+        return [prompt], False
+    if all(isinstance(p, str) for p in prompt) or all(isinstance(p, (list, tuple)) for p in prompt):
+        return list(prompt), True
+    raise ValueError("a list prompt must hold only messages (dicts), only strings, or only message lists")
+
+
+def _added(a: DecodeStats, b: DecodeStats) -> DecodeStats:
+    return DecodeStats(**{f.name: getattr(a, f.name) + getattr(b, f.name) for f in fields(DecodeStats)})
+
+
+_generators: dict[tuple, Generator] = {}
+_generators_lock = threading.Lock()
+
+
+def cached_generator(model: str | LoadedModel = "smollm2", draft: str | None = "auto", **options: Any) -> Generator:
+    """The Generator for (model, draft, options), made once and kept for the process."""
+    key = (model if isinstance(model, str) else id(model), draft, tuple(sorted(options.items())))
+    with _generators_lock:
+        if key not in _generators:
+            _generators[key] = Generator(model, draft=draft, **options)
+        return _generators[key]
+
+
+def generate(prompt: str | Sequence[Any], *, model: str | LoadedModel = "smollm2", draft: str | None = "auto",
+             backend: str = "auto", whitespace: str = "compact", compile_timeout: float = 30.0,
+             **kwargs: Any) -> Result | list[Result] | Iterator[str | Result]:
+    """``Generator(model, draft=...).generate(prompt, **kwargs)`` with the Generator kept per
+    (model, draft, backend, whitespace, compile_timeout), so the model loads once per process.
+    """
+    generator = cached_generator(model, draft, backend=backend, whitespace=whitespace,
+                                 compile_timeout=compile_timeout)
+    return generator.generate(prompt, **kwargs)

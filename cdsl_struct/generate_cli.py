@@ -1,0 +1,123 @@
+"""``cdsl-struct generate``: one constrained generation from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from .errors import CdslError
+
+METHODS = ("auto", "target", "speculative", "cdlh", "cdsl")
+EXIT_ERROR = 2
+EXIT_INCOMPLETE = 3
+
+
+def add_generate_parser(commands: Any) -> argparse.ArgumentParser:
+    """Add ``generate`` to the ``cdsl-struct`` subcommands."""
+    gen = commands.add_parser(
+        "generate", help="generate one output under a constraint (JSON Schema, regex, choices, grammar, keywords)",
+        description="Generate an answer to PROMPT with the model, under at most one hard constraint (--schema, "
+                    "--regex, --choices, --grammar; none: free text), optionally steered towards --keywords. "
+                    "Prints the value: JSON for --schema, the text otherwise (--tree: the grammar's parse tree). "
+                    f"Exit status {EXIT_ERROR} on a bad input (one line on stderr), {EXIT_INCOMPLETE} when the "
+                    "output hit --max-tokens or a dead end (the partial text is printed, marked incomplete).")
+    gen.add_argument("prompt", nargs="?", default=None,
+                     help="the prompt, sent as one user message through the chat template (default or '-': stdin)")
+    constraint = gen.add_mutually_exclusive_group()
+    constraint.add_argument("--schema", metavar="FILE", help="JSON Schema file: the output is JSON valid under it")
+    constraint.add_argument("--regex", help="the output fully matches this regular expression")
+    constraint.add_argument("--choices", action="append", metavar="A,B,C",
+                            help="the output is one of these comma-separated strings (repeatable)")
+    constraint.add_argument("--grammar", metavar="FILE_OR_NAME",
+                            help="Lark grammar: a .lark file or a shipped name (json, arithmetic, sql_select, "
+                                 "function_call)")
+    gen.add_argument("--keywords", metavar="W1,W2",
+                     help="comma-separated words the output should use (reward-steered: CDSL or CDLH)")
+    gen.add_argument("--method", default="auto", choices=METHODS,
+                     help="decoder (default auto: cdsl with --keywords, else speculative with a draft, else target)")
+    gen.add_argument("--model", default="smollm2",
+                     help="model: smollm2 (embedded default), gemma3-270m, an HF id, a folder or a .gguf file")
+    gen.add_argument("--draft", default="auto",
+                     help="draft: auto (prompt lookup), none, lookup, bf16, layers:N or a model (default auto)")
+    gen.add_argument("--backend", default="auto", choices=["auto", "llguidance", "outlines-core"],
+                     help="constraint engine (default auto)")
+    gen.add_argument("--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default); above 0 samples")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus mass when sampling (default 1)")
+    gen.add_argument("--seed", type=int, default=None, help="random seed when sampling")
+    gen.add_argument("--stream", action="store_true", help="print the text as it is generated")
+    gen.add_argument("--tree", action="store_true", help="with --grammar: print the parse tree, not the text")
+    gen.add_argument("--stats", action="store_true",
+                     help="print the method, finish reason and decoding counters to stderr as JSON")
+    return gen
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    """Run ``generate`` from parsed arguments; a one-line message and exit 2 on bad input."""
+    from .api import cached_generator
+
+    try:
+        if args.tree and not args.grammar:
+            raise ValueError("--tree needs --grammar")
+        prompt = _prompt(args.prompt)
+        kwargs = _constraint_kwargs(args)
+        generator = cached_generator(args.model, None if args.draft == "none" else args.draft, backend=args.backend)
+        output = generator.generate(prompt, method=args.method, max_tokens=args.max_tokens,
+                                    temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+                                    stream=args.stream, **kwargs)
+        if args.stream:
+            result = None
+            for item in output:
+                if isinstance(item, str):
+                    print(item, end="", flush=True)
+                else:
+                    result = item
+            print()
+        else:
+            result = output
+            print(_shown(result, args) if result.complete else result.text)
+    except (CdslError, ValueError, OSError) as exc:
+        print(f"cdsl-struct generate: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    if args.stats:
+        print(json.dumps({"method": result.method, "finish_reason": result.finish_reason,
+                          "complete": result.complete, **result.stats.as_dict()}), file=sys.stderr)
+    if not result.complete:
+        print(f"cdsl-struct generate: incomplete output (finish_reason {result.finish_reason}); "
+              "raise --max-tokens", file=sys.stderr)
+        return EXIT_INCOMPLETE
+    return 0
+
+
+def _prompt(argument: str | None) -> str:
+    text = sys.stdin.read() if argument in (None, "-") else argument
+    if not text.strip():
+        raise ValueError("the prompt is empty: pass it as an argument or on stdin")
+    return text
+
+
+def _constraint_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {}
+    if args.schema:
+        kwargs["schema"] = Path(args.schema).read_text(encoding="utf-8")
+    if args.regex is not None:
+        kwargs["regex"] = args.regex
+    if args.choices:
+        kwargs["choices"] = [c.strip() for group in args.choices for c in group.split(",") if c.strip()]
+    if args.grammar:
+        kwargs["grammar"] = args.grammar
+    if args.keywords:
+        kwargs["keywords"] = [w.strip() for w in args.keywords.split(",") if w.strip()]
+    return kwargs
+
+
+def _shown(result: Any, args: argparse.Namespace) -> str:
+    """JSON for --schema, the parse tree with --tree, else the text."""
+    if args.schema:
+        return json.dumps(result.value, ensure_ascii=False)
+    if args.tree:
+        return result.value.pretty().rstrip("\n")
+    return result.text
