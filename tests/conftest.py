@@ -38,3 +38,15 @@ def smollm2():
 
     torch.manual_seed(0)
     return load_model("smollm2")
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Decode with one torch thread for the module: on a shared 2-core machine, two threads
+    competing with another process for the cores make each forward pass several times slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

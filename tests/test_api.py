@@ -1,0 +1,202 @@
+"""``Generator`` / ``generate()`` on the real embedded SmolLM2: every constraint kind gives its
+value type, incomplete outputs carry no value, streaming, batches, methods, and typed errors."""
+
+from __future__ import annotations
+
+import threading
+
+import jsonschema
+import lark
+import pytest
+from pydantic import BaseModel, ConfigDict
+
+import cdsl_struct as cs
+from cdsl_struct import api
+from cdsl_struct.api import Generator
+from cdsl_struct.result import Result
+from cdsl_struct.streaming import TextDeltas
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 30}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+PASSAGE = "Extract the person as JSON.\n\nTom Baker, 52, lives in Leeds."
+GREETING = 'start: greeting " " NAME\ngreeting: "hello" | "hi"\nNAME: /[A-Z][a-z]{1,8}/\n'
+
+
+class Person(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    age: int
+
+
+@pytest.fixture(scope="module")
+def gen(smollm2, one_torch_thread):
+    return Generator(smollm2)
+
+
+def test_pydantic_schema_gives_an_instance(gen):
+    result = gen.generate(PASSAGE, schema=Person, max_tokens=30)
+    assert result.finish_reason == "stop" and result.complete
+    assert isinstance(result.value, Person) and result.value.name == "Tom Baker"
+    assert result.method == "speculative" and result.stats.tokens == len(result.tokens)
+
+
+def test_json_schema_gives_parsed_json_that_validates(gen):
+    messages = [{"role": "system", "content": "You extract data as JSON."}, {"role": "user", "content": PASSAGE}]
+    result = gen.generate(messages, schema=PERSON, max_tokens=30)
+    assert result.complete and isinstance(result.value, dict)
+    jsonschema.validate(result.value, PERSON)
+
+
+def test_regex_and_choices(gen):
+    date = gen.generate("Write the date of the Moon landing (20 July 1969) as YYYY-MM-DD.",
+                        regex=r"\d{4}-\d{2}-\d{2}", max_tokens=12)
+    assert date.complete and date.value == date.text and len(date.text) == 10 and date.text[4] == "-"
+    options = ["positive", "negative", "neutral"]
+    choice = gen.generate("Sentiment of: 'I loved this film, wonderful!'", choices=options, max_tokens=6)
+    assert choice.complete and choice.value in options and choice.text == choice.value
+
+
+def test_grammar_gives_a_lark_tree(gen):
+    result = gen.generate("Greet Anna in two words.", grammar=GREETING, max_tokens=8)
+    assert result.complete and isinstance(result.value, lark.Tree)
+    assert result.value.data == "start" and result.text.split(" ")[0] in ("hello", "hi")
+
+
+def test_incomplete_output_has_no_value(gen):
+    result = gen.generate(PASSAGE, schema=Person, max_tokens=3)
+    assert (result.finish_reason, result.complete, result.value) == ("length", False, None)
+    assert result.text and len(result.tokens) == 3
+    # free text is a complete match at any point, but cut short it is still not presented as valid
+    free = gen.generate("Tell me a long story about a dragon.", max_tokens=4)
+    assert (free.finish_reason, free.complete, free.value) == ("length", False, None)
+
+
+def test_free_text_stops_at_eos(gen):
+    result = gen.generate("Reply with just the word OK.", max_tokens=24)
+    assert result.finish_reason == "stop" and result.complete and result.value == result.text
+    assert result.tokens[-1] in gen.vocabulary.eos_token_ids
+
+
+def test_stream_deltas_concatenate_to_the_text(gen):
+    items = list(gen.generate("Count from one to five in words.", max_tokens=12, stream=True))
+    *deltas, result = items
+    assert isinstance(result, Result) and all(isinstance(d, str) for d in deltas)
+    assert len(deltas) >= 2 and "".join(deltas) == result.text
+
+
+def test_abandoned_stream_releases_the_generator(gen):
+    stream = gen.generate("Tell me a long story about a dragon.", max_tokens=40, stream=True)
+    first = next(stream)
+    assert isinstance(first, str)
+    stream.close()
+    done = []
+    worker = threading.Thread(target=lambda: done.append(gen.generate("Say yes.", choices=["yes"], max_tokens=3)))
+    worker.start()
+    worker.join(timeout=60)
+    assert done and done[0].value == "yes"
+
+
+def test_text_deltas_never_split_a_character(gen):
+    text = "日本語 café ✓"
+    ids = gen.tokenizer.encode(text, add_special_tokens=False)
+    deltas = TextDeltas(gen.vocabulary)
+    pieces = [deltas.push([token]) for token in ids] + [deltas.flush()]
+    assert "".join(pieces) == text and "\ufffd" not in "".join(pieces)
+    assert "" in pieces  # some tokens end mid-character and were held back
+
+
+def test_batch_compiles_once_and_returns_a_list(gen, monkeypatch):
+    calls = []
+    real = api.compile
+    monkeypatch.setattr(api, "compile", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    prompts = ["Is the sky blue? Answer yes or no.", "Is fire cold? Answer yes or no.", "Is snow white? yes or no."]
+    results = gen.generate(prompts, choices=["yes", "no"], max_tokens=4)
+    assert isinstance(results, list) and len(results) == 3
+    assert all(r.complete and r.value in ("yes", "no") for r in results)
+    assert len(calls) == 1
+
+
+def test_method_auto_selection(gen, smollm2):
+    assert gen.choose_method("auto", has_reward=False) == "speculative"
+    assert gen.choose_method("auto", has_reward=True) == "cdsl"
+    bare = Generator(smollm2, draft=None)
+    assert bare.choose_method("auto", has_reward=False) == "target"
+    assert bare.choose_method("auto", has_reward=True) == "cdlh"
+    with pytest.raises(ValueError, match="needs a draft"):
+        bare.choose_method("cdsl", has_reward=True)
+    result = bare.generate("Say yes.", choices=["yes", "no"], max_tokens=3)
+    assert result.method == "target" and result.stats.proposed == 0
+
+
+def test_keywords_with_a_schema_give_valid_json(gen):
+    schema = {"type": "object", "properties": {"sentence": {"type": "string", "maxLength": 60}},
+              "required": ["sentence"], "additionalProperties": False}
+    result = gen.generate("Write a sentence about a dog and a ball, as JSON.", schema=schema, keywords=["dog", "ball"],
+                          max_tokens=28)
+    assert result.method == "cdsl"
+    assert result.complete, result.text
+    jsonschema.validate(result.value, schema)
+
+
+def test_sampling_is_seeded_and_valid(gen):
+    kwargs = dict(regex=r"[a-z]{3,8}", max_tokens=8, temperature=0.9, top_p=0.95, seed=7)
+    first, second = (gen.generate("Name an animal in lowercase.", **kwargs) for _ in range(2))
+    assert first.tokens == second.tokens
+    assert first.complete and first.text.isalpha() and first.text.islower()
+
+
+def test_module_level_generate_reuses_one_generator(smollm2, monkeypatch):
+    monkeypatch.setattr(api, "_generators", {})
+    monkeypatch.setattr(api, "load_model", lambda name: smollm2)
+    first = cs.generate("Say yes.", choices=["yes", "no"], max_tokens=3)
+    second = cs.generate("Say no.", choices=["yes", "no"], max_tokens=3)
+    assert first.value in ("yes", "no") and second.value in ("yes", "no")
+    assert len(api._generators) == 1
+
+
+@pytest.mark.parametrize(("kwargs", "error", "match"), [
+    (dict(schema=PERSON, regex="a+"), ValueError, "at most one"),
+    (dict(method="beam"), ValueError, "unknown method"),
+    (dict(temperature=-1.0), ValueError, "temperature"),
+    (dict(top_p=0.0), ValueError, "top_p"),
+    (dict(max_tokens=0), ValueError, "max_tokens"),
+    (dict(method="cdlh"), ValueError, "reward"),
+    (dict(keywords=["dog"], method="target"), ValueError, "ignores rewards"),
+    (dict(keywords=["dog"], temperature=0.5), ValueError, "greedily"),
+    (dict(keywords="dog"), ValueError, "list of words"),
+    (dict(choices="yes,no"), ValueError, "list of strings"),
+    (dict(schema={"type": "objekt"}), cs.InvalidSchema, "invalid JSON Schema"),
+    (dict(schema="{not json"), cs.InvalidSchema, "not valid JSON"),
+    (dict(grammar="start: (\n"), cs.GrammarSyntaxError, "grammar"),
+    (dict(regex="a(?=b)"), cs.UnsupportedFeature, "lookahead"),
+    (dict(regex="a(b"), cs.GrammarSyntaxError, "invalid regex"),
+    (dict(choices=[]), cs.UnsatisfiableSchema, "at least one"),
+    (dict(tools=[{"type": "function", "function": {"name": "f"}}], schema=PERSON), ValueError, "not both"),
+])
+def test_bad_inputs_raise_typed_errors(gen, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        gen.generate("hi", **kwargs)
+
+
+def test_errors_are_raised_before_streaming_and_for_bad_prompts(gen):
+    with pytest.raises(cs.InvalidSchema):
+        gen.generate("hi", schema={"type": 3}, stream=True)
+    with pytest.raises(ValueError, match="one prompt"):
+        gen.generate(["a", "b"], stream=True)
+    with pytest.raises(ValueError):
+        gen.generate([])
+    with pytest.raises(ValueError, match="role"):
+        gen.generate([{"content": "no role"}])
+    with pytest.raises(ValueError, match="context"):
+        gen.generate("hi", max_tokens=100_000)
+
+
+def test_compile_timeout_is_typed(smollm2):
+    slow = Generator(smollm2, draft=None, compile_timeout=1e-6)
+    with pytest.raises(cs.CompileTimeout):
+        slow.generate("hi", schema={"type": "object", "properties": {"unique_timeout_probe": {"type": "integer"}}})

@@ -1,0 +1,256 @@
+"""Function calling: tool definitions, tool_choice, the call constraint, parsing and validation,
+and real calls by the embedded SmolLM2 for every tool_choice."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Literal
+
+import jsonschema
+import pytest
+
+import cdsl_struct as cs
+from cdsl_struct.api import Generator
+from cdsl_struct.constraints import Regex, allocate_bitmask, allowed_tokens
+from cdsl_struct.result import Result
+from cdsl_struct.streaming import MarkerHoldback
+from cdsl_struct.tools import (
+    CALL_MARKER,
+    InvalidToolCall,
+    ToolCall,
+    auto_choice_pattern,
+    normalise_tools,
+    parse_tool_calls,
+    tool_from_function,
+    tool_request,
+)
+
+
+def get_weather(city: str, unit: Literal["celsius", "fahrenheit"] = "celsius") -> str:
+    """Get the current weather in a city.
+
+    Args:
+        city: The city's name,
+            for example Paris.
+        unit (str): Temperature unit.
+
+    Returns:
+        A short report.
+    """
+    return f"sunny in {city}"
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+WEATHER = tool_from_function(get_weather)
+ADD = {"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+    "required": ["a", "b"], "additionalProperties": False}}}
+
+
+def previous_call(city: str) -> dict:
+    arguments = json.dumps({"city": city})
+    return {"role": "assistant", "content": None,
+            "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                                            "arguments": arguments}}]}
+
+
+# A conversation in which the assistant already answered a weather question with a call.
+FEW_SHOT = [{"role": "user", "content": "What is the weather in Rome?"}, previous_call("Rome"),
+            {"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def gen(smollm2, one_torch_thread):
+    return Generator(smollm2)
+
+
+# --- definitions -------------------------------------------------------------------------------
+
+
+def test_tool_from_function():
+    function = WEATHER["function"]
+    assert WEATHER["type"] == "function" and function["name"] == "get_weather"
+    assert function["description"] == "Get the current weather in a city."
+    parameters = function["parameters"]
+    assert parameters["required"] == ["city"] and parameters["additionalProperties"] is False
+    assert parameters["properties"]["city"] == {"type": "string", "description": "The city's name, for example Paris."}
+    assert parameters["properties"]["unit"]["enum"] == ["celsius", "fahrenheit"]
+    assert parameters["properties"]["unit"]["default"] == "celsius"
+    jsonschema.Draft202012Validator.check_schema(parameters)
+    assert tool_from_function(add)["function"]["parameters"]["required"] == ["a", "b"]
+
+
+def test_tool_from_function_refuses_what_it_cannot_describe():
+    def untyped(x):
+        """No hints."""
+
+    def star(*values: int):
+        """Varargs."""
+
+    with pytest.raises(ValueError, match="no type hint"):
+        tool_from_function(untyped)
+    with pytest.raises(ValueError, match="args"):
+        tool_from_function(star)
+
+
+def test_normalise_tools_accepts_dicts_flat_dicts_and_functions():
+    flat = {"name": "ping", "description": "Ping."}
+    tools = normalise_tools([ADD, get_weather, flat])
+    assert [t["function"]["name"] for t in tools] == ["add", "get_weather", "ping"]
+    assert tools[2]["function"]["parameters"] == {"type": "object", "properties": {}}
+    assert all(t["type"] == "function" for t in tools)
+
+
+@pytest.mark.parametrize(("tools", "error", "match"), [
+    ("get_weather", ValueError, "list"),
+    ([42], ValueError, "dict or a function"),
+    ([{"type": "retrieval", "function": {"name": "x"}}], ValueError, "type 'function'"),
+    ([{"function": {"name": "bad name!"}}], ValueError, "tool name"),
+    ([{"description": "no name"}], ValueError, "'function'"),
+    ([ADD, ADD], ValueError, "unique"),
+    ([{"name": "f", "parameters": {"type": "array"}}], ValueError, "type 'object'"),
+    ([{"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "thing"}}}}], cs.InvalidSchema, ""),
+])
+def test_normalise_tools_rejects_bad_input(tools, error, match):
+    with pytest.raises(error, match=match or None):
+        normalise_tools(tools)
+
+
+def test_tool_call_ids_and_openai_shape():
+    call = ToolCall("add", {"a": 1, "b": 2})
+    assert re.fullmatch(r"call_[0-9a-f]{24}", call.id) and call.id != ToolCall("add", {}).id
+    assert call.to_openai() == {"id": call.id, "type": "function",
+                                "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+
+
+# --- tool_choice and the constraint ------------------------------------------------------------
+
+
+def test_tool_choice_resolution():
+    assert tool_request(None) is None and tool_request([ADD], "none") is None
+    auto = tool_request([ADD, WEATHER])
+    assert (auto.mode, auto.allowed, auto.parallel) == ("auto", ("add", "get_weather"), False)
+    assert tool_request([ADD, WEATHER], "required").mode == "call"
+    named = tool_request([ADD, WEATHER], {"type": "function", "function": {"name": "get_weather"}}, True)
+    assert (named.mode, named.allowed, named.parallel) == ("call", ("get_weather",), True)
+    assert tool_request([ADD, WEATHER], "add").allowed == ("add",)
+    with pytest.raises(ValueError, match="not among"):
+        tool_request([ADD], "get_weather")
+    with pytest.raises(ValueError, match="needs tools"):
+        tool_request([], "required")
+    with pytest.raises(ValueError, match="tool_choice"):
+        tool_request([ADD], {"type": "function"})
+
+
+def test_call_schema_accepts_exactly_valid_calls():
+    single = tool_request([ADD, WEATHER], "required").call_schema
+    jsonschema.validate({"name": "add", "arguments": {"a": 1, "b": 2}}, single)
+    for bad in ({"name": "add", "arguments": {"a": 1}}, {"name": "mul", "arguments": {}},
+                {"name": "get_weather", "arguments": {"city": "Oslo", "unit": "kelvin"}},
+                {"name": "add", "arguments": {"a": 1, "b": 2}, "extra": 1}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, single)
+    parallel = tool_request([ADD, WEATHER], "required", True).call_schema
+    jsonschema.validate([{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "get_weather",
+                                                                        "arguments": {"city": "Oslo"}}], parallel)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate([], parallel)
+
+
+def test_auto_choice_pattern_is_the_marker_or_other_text(gen):
+    pattern = re.compile(auto_choice_pattern())
+    for text in ["", "<", "<tool_ca", CALL_MARKER, "Hello", "<tool_cal!", "a <tool_call>", "<b>"]:
+        assert pattern.fullmatch(text), text
+    for text in [CALL_MARKER + " ", CALL_MARKER + "{}"]:
+        assert not pattern.fullmatch(text), text
+    # compiled: after the marker only EOS may follow
+    compiled = cs.compile(Regex(auto_choice_pattern()), gen.vocabulary)
+    state = compiled.new_state()
+    state.advance(gen.tokenizer.encode(CALL_MARKER, add_special_tokens=False))
+    row = allocate_bitmask(compiled.vocab_size)
+    state.fill_mask(row)
+    assert set(allowed_tokens(row, compiled.vocab_size)) <= set(gen.vocabulary.eos_token_ids)
+
+
+def test_parse_tool_calls_validates_arguments():
+    request = tool_request([ADD, WEATHER], "required", True)
+    calls = parse_tool_calls(request, '[{"name":"add","arguments":{"a":1,"b":2}}]')
+    assert [(c.name, c.arguments) for c in calls] == [("add", {"a": 1, "b": 2})]
+    with pytest.raises(InvalidToolCall, match="invalid arguments"):
+        parse_tool_calls(request, '{"name":"add","arguments":{"a":"one","b":2}}')
+    with pytest.raises(InvalidToolCall, match="allowed tool"):
+        parse_tool_calls(request, '{"name":"mul","arguments":{}}')
+    with pytest.raises(InvalidToolCall, match="not JSON"):
+        parse_tool_calls(request, '{"name":')
+
+
+def test_marker_holdback_streams_only_what_is_not_the_marker():
+    sent: list[str] = []
+    holdback = MarkerHoldback(CALL_MARKER, sent.append)
+    for piece in ["<", "tool", "_call", ">"]:
+        holdback(piece)
+    assert "".join(sent) == ""
+    sent.clear()
+    text = MarkerHoldback(CALL_MARKER, sent.append)
+    for piece in ["<", "to", "ast> is", " ready"]:
+        text(piece)
+    assert "".join(sent) == "<toast> is ready"
+
+
+# --- real calls --------------------------------------------------------------------------------
+
+
+def assert_valid_calls(result: Result, names: tuple[str, ...]) -> None:
+    assert result.finish_reason == "stop" and result.complete, result.text
+    assert result.tool_calls and result.value == result.tool_calls
+    for call in result.tool_calls:
+        assert call.name in names
+        tool = next(t for t in (ADD, WEATHER) if t["function"]["name"] == call.name)
+        jsonschema.validate(call.arguments, tool["function"]["parameters"])
+
+
+def test_required_makes_a_valid_call(gen):
+    result = gen.generate("What is the weather in Paris?", tools=[add, get_weather], tool_choice="required",
+                          max_tokens=24)
+    assert_valid_calls(result, ("add", "get_weather"))
+    assert len(result.tool_calls) == 1 and json.loads(result.text)["name"] == result.tool_calls[0].name
+
+
+def test_named_tool_is_the_one_called(gen):
+    result = gen.generate("What is the weather in Paris?", tools=[ADD, WEATHER],
+                          tool_choice={"type": "function", "function": {"name": "add"}}, max_tokens=24)
+    assert_valid_calls(result, ("add",))
+    assert set(result.tool_calls[0].arguments) == {"a", "b"}
+
+
+def test_parallel_calls_parse(gen):
+    result = gen.generate("What is the weather in Paris and in Rome?", tools=[WEATHER], tool_choice="get_weather",
+                          parallel_tool_calls=True, max_tokens=40)
+    assert_valid_calls(result, ("get_weather",))
+    assert isinstance(json.loads(result.text), list) and len(result.tool_calls) == len(json.loads(result.text))
+
+
+def test_none_answers_in_text(gen):
+    result = gen.generate("Say hello.", tools=[WEATHER], tool_choice="none", max_tokens=16)
+    assert result.tool_calls == [] and not result.text.startswith(CALL_MARKER)
+    assert result.value is None or result.value == result.text
+
+
+def test_auto_answers_in_text_or_calls(gen):
+    text = gen.generate("Say hello to me.", tools=[WEATHER], max_tokens=16)
+    assert text.tool_calls == [] and text.text and not text.text.startswith(CALL_MARKER)
+    call = gen.generate(FEW_SHOT, tools=[WEATHER], max_tokens=30)
+    assert_valid_calls(call, ("get_weather",))
+    assert call.tool_calls[0].arguments["city"] == "Paris"
+    assert call.stats.tokens > len(call.tokens)  # the marker and EOS of the first stage are counted
+
+
+def test_auto_streams_the_call_without_the_marker(gen):
+    *deltas, result = gen.generate(FEW_SHOT, tools=[WEATHER], max_tokens=30, stream=True)
+    assert isinstance(result, Result) and result.tool_calls
+    assert "".join(deltas) == result.text and CALL_MARKER not in "".join(deltas)
