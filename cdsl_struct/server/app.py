@@ -15,6 +15,8 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
+from ..prompts import prompt_ids
+from ..tools import tool_request
 from . import responses
 from .errors import APIError, from_exception, install_handlers
 from .limits import BodySizeLimit
@@ -27,14 +29,12 @@ DEFAULT_QUEUE_LIMIT = 64
 DEFAULT_MAX_TOKENS = 256
 
 
-def count_prompt_tokens(generator: Any, prompt: Any, tools: list[dict[str, Any]] | None = None) -> int:
-    """Tokens of a prompt as the model sees it: chat messages through the chat template, text as is."""
-    tokenizer = generator.tokenizer
-    if isinstance(prompt, str):
-        return len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
-    encoded = tokenizer.apply_chat_template(prompt, tools=tools, add_generation_prompt=True, tokenize=True)
-    ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
-    return len(ids)
+def count_prompt_tokens(generator: Any, prompt: Any, kwargs: dict[str, Any]) -> int:
+    """Tokens of one prompt as ``Generator.generate`` renders it (chat template, tools' system prompt)."""
+    calls = tool_request(kwargs.get("tools"), kwargs.get("tool_choice", "auto"),
+                         kwargs.get("parallel_tool_calls", False))
+    system = calls.system_prompt() if calls else None
+    return len(prompt_ids(generator.tokenizer, prompt, chat=kwargs.get("chat", True), system=system))
 
 
 class _Service:
@@ -59,9 +59,9 @@ class _Service:
     def finished(self, call: GenerateCall) -> Finished | list[Finished]:
         output = self.generator.generate(call.prompt, **call.kwargs)
         if isinstance(output, list):
-            return [Finished(result, count_prompt_tokens(self.generator, prompt))
+            return [Finished(result, count_prompt_tokens(self.generator, prompt, call.kwargs))
                     for result, prompt in zip(output, call.prompt, strict=True)]
-        return Finished(output, count_prompt_tokens(self.generator, call.prompt, call.tools))
+        return Finished(output, count_prompt_tokens(self.generator, call.prompt, call.kwargs))
 
     def streamed(self, call: GenerateCall) -> Iterator[str | Finished]:
         stream = self.generator.generate(call.prompt, stream=True, **call.kwargs)
@@ -70,7 +70,7 @@ class _Service:
                 if isinstance(item, str):
                     yield item
                 else:
-                    yield Finished(item, count_prompt_tokens(self.generator, call.prompt, call.tools))
+                    yield Finished(item, count_prompt_tokens(self.generator, call.prompt, call.kwargs))
         finally:
             close = getattr(stream, "close", None)
             if close is not None:
@@ -91,7 +91,7 @@ class _Service:
         except Exception as exc:
             await items.aclose()
             raise from_exception(exc, param=call.constraint_param) from exc
-        tool_mode = bool(call.tools) and call.kwargs.get("tool_choice") != "none"
+        tool_mode = bool(call.kwargs.get("tools")) and call.kwargs.get("tool_choice") != "none"
         events = self._events(first, items, call, ChunkWriter(self.model, chat=chat), include_usage, tool_mode)
         return StreamingResponse(events, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

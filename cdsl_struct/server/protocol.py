@@ -3,7 +3,7 @@
 Unknown OpenAI fields are accepted and ignored; fields whose meaning the server cannot honour
 (``n`` > 1, ``stop``, ``logprobs``, penalties, ``logit_bias``, ``echo``, ``suffix``, ``best_of``)
 are refused with a 400 naming them rather than silently dropped. Extension fields: ``regex``,
-``grammar``, ``choices``, ``keywords``, ``method``.
+``grammar``, ``choices``, ``keywords``, ``method``, and ``chat`` on completions.
 """
 
 from __future__ import annotations
@@ -87,39 +87,14 @@ class NamedToolChoice(_Model):
     function: NamedFunction
 
 
-class ContentPart(_Model):
-    """A part of a message's content; only text parts are supported."""
-
-    type: str
-    text: str | None = None
-
-
 class ChatMessage(_Model):
-    """A chat message. ``developer`` is rendered as ``system``; tool-call fields are passed on."""
+    """A chat message, passed on to the Generator (which renders it with the chat template)."""
 
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = None
+    role: str
+    content: str | list[dict[str, Any]] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
-
-    def as_template_message(self, index: int) -> dict[str, Any]:
-        """The message as the chat template takes it (text content only)."""
-        content = self.content
-        if isinstance(content, list):
-            parts = []
-            for part in content:
-                if part.type != "text" or part.text is None:
-                    raise APIError(400, f"Only text content parts are supported, not {part.type!r}.",
-                                   param=f"messages.{index}.content", code="unsupported_content")
-                parts.append(part.text)
-            content = "".join(parts)
-        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
-                                   "content": content or ""}
-        for key in ("name", "tool_calls", "tool_call_id"):
-            if getattr(self, key) is not None:
-                message[key] = getattr(self, key)
-        return message
 
 
 @dataclass
@@ -130,7 +105,6 @@ class GenerateCall:
     prompt: Any
     kwargs: dict[str, Any] = field(default_factory=dict)
     constraint_param: str | None = None
-    tools: list[dict[str, Any]] | None = None
 
 
 class _GenerationRequest(_Model):
@@ -231,18 +205,21 @@ class ChatCompletionRequest(_GenerationRequest):
             if self.parallel_tool_calls is not None:
                 kwargs["parallel_tool_calls"] = self.parallel_tool_calls
         if self.tool_choice is not None:
-            if not tools and self.tool_choice != "none":
-                raise APIError(400, "tool_choice needs tools.", param="tool_choice", code="invalid_value")
             choice = self.tool_choice
             kwargs["tool_choice"] = choice.model_dump() if isinstance(choice, NamedToolChoice) else choice
-        messages = [message.as_template_message(i) for i, message in enumerate(self.messages)]
-        return GenerateCall(prompt=messages, kwargs=kwargs, constraint_param=param, tools=tools)
+        messages = [message.model_dump(exclude_none=True) for message in self.messages]
+        return GenerateCall(prompt=messages, kwargs=kwargs, constraint_param=param)
 
 
 class CompletionRequest(_GenerationRequest):
-    """``POST /v1/completions``: ``prompt`` is a string, or a list of strings (a batch, not streamed)."""
+    """``POST /v1/completions``: ``prompt`` is a string, or a list of strings (a batch, not streamed).
+
+    The prompt is continued as it is; the extension ``chat: true`` sends it as one user message
+    through the chat template instead.
+    """
 
     prompt: str | list[str]
+    chat: bool = False
     echo: bool | None = None
     suffix: str | None = None
     best_of: int | None = None
@@ -266,5 +243,6 @@ class CompletionRequest(_GenerationRequest):
                                param="prompt", code="unsupported_parameter")
         kwargs, param = self._constraint()
         kwargs.update(self._sampling(default_max_tokens, self.max_tokens))
+        kwargs["chat"] = self.chat
         return GenerateCall(prompt=prompt, kwargs=kwargs, constraint_param=param)
 
