@@ -80,7 +80,8 @@ def run_generate(args: argparse.Namespace) -> int:
             result = output
             print(_shown(result, args) if result.complete else result.text)
     except (CdslError, ValueError, OSError) as exc:
-        print(f"cdsl-struct generate: error: {exc}", file=sys.stderr)
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        print(f"cdsl-struct generate: error: {first_line}", file=sys.stderr)
         return EXIT_ERROR
     if args.stats:
         print(json.dumps({"method": result.method, "finish_reason": result.finish_reason,

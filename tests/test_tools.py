@@ -52,11 +52,14 @@ ADD = {"type": "function", "function": {"name": "add", "description": "Add two i
     "required": ["a", "b"], "additionalProperties": False}}}
 
 
+def call_of(city: str) -> dict:
+    """An earlier get_weather call in OpenAI's message format."""
+    return {"id": f"call_{city}", "type": "function",
+            "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}
+
+
 def previous_call(city: str) -> dict:
-    arguments = json.dumps({"city": city})
-    return {"role": "assistant", "content": None,
-            "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather",
-                                                                            "arguments": arguments}}]}
+    return {"role": "assistant", "content": None, "tool_calls": [call_of(city)]}
 
 
 # A conversation in which the assistant already answered a weather question with a call.
@@ -179,8 +182,9 @@ def test_auto_choice_pattern_is_the_marker_or_other_text(gen):
 
 def test_parse_tool_calls_validates_arguments():
     request = tool_request([ADD, WEATHER], "required", True)
-    calls = parse_tool_calls(request, '[{"name":"add","arguments":{"a":1,"b":2}}]')
-    assert [(c.name, c.arguments) for c in calls] == [("add", {"a": 1, "b": 2})]
+    calls = parse_tool_calls(request, '[{"name":"add","arguments":{"a":1,"b":2}},'
+                                      '{"name":"get_weather","arguments":{"city":"Oslo"}}]')
+    assert [(c.name, c.arguments) for c in calls] == [("add", {"a": 1, "b": 2}), ("get_weather", {"city": "Oslo"})]
     with pytest.raises(InvalidToolCall, match="invalid arguments"):
         parse_tool_calls(request, '{"name":"add","arguments":{"a":"one","b":2}}')
     with pytest.raises(InvalidToolCall, match="allowed tool"):
@@ -229,10 +233,16 @@ def test_named_tool_is_the_one_called(gen):
 
 
 def test_parallel_calls_parse(gen):
-    result = gen.generate("What is the weather in Paris and in Rome?", tools=[WEATHER], tool_choice="get_weather",
-                          parallel_tool_calls=True, max_tokens=40)
+    earlier = {"role": "assistant", "content": None,
+               "tool_calls": [call_of("Rome"), call_of("Oslo")]}
+    messages = [{"role": "user", "content": "What is the weather in Rome and in Oslo?"}, earlier,
+                {"role": "user", "content": "What is the weather in Paris and in Berlin?"}]
+    result = gen.generate(messages, tools=[WEATHER], tool_choice="get_weather", parallel_tool_calls=True,
+                          max_tokens=50)
     assert_valid_calls(result, ("get_weather",))
-    assert isinstance(json.loads(result.text), list) and len(result.tool_calls) == len(json.loads(result.text))
+    assert isinstance(json.loads(result.text), list)
+    assert [c.arguments["city"] for c in result.tool_calls] == ["Paris", "Berlin"]
+    assert len({c.id for c in result.tool_calls}) == 2
 
 
 def test_none_answers_in_text(gen):
