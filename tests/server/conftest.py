@@ -8,10 +8,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import pytest
-
-pytest.importorskip("fastapi", reason="needs the server extra: pip install 'cdsl_struct[server]'")
-pytest.importorskip("openai", reason="needs the server extra: pip install 'cdsl_struct[server]'")
+SERVER_EXTRA = "needs the server extra: pip install 'cdsl_struct[server]'"
 
 
 @contextmanager

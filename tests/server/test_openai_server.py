@@ -9,10 +9,12 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
-import openai
 import pytest
 
-from .conftest import client_for, running_server
+from .conftest import SERVER_EXTRA, client_for, running_server
+
+pytest.importorskip("fastapi", reason=SERVER_EXTRA)
+openai = pytest.importorskip("openai", reason=SERVER_EXTRA)
 
 PERSON = {
     "type": "object",

@@ -10,14 +10,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx2 as httpx
-import openai
 import pytest
 
 from cdsl_struct.errors import CompileTimeout, GrammarSyntaxError, InvalidSchema, UnsupportedFeature
 from cdsl_struct.result import Result
 
-from .conftest import client_for, running_server
+from .conftest import SERVER_EXTRA, client_for, running_server
+
+pytest.importorskip("fastapi", reason=SERVER_EXTRA)
+openai = pytest.importorskip("openai", reason=SERVER_EXTRA)
+httpx = pytest.importorskip("httpx2", reason=SERVER_EXTRA)
 
 
 @dataclass
