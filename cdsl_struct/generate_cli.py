@@ -37,7 +37,8 @@ def add_generate_parser(commands: Any) -> argparse.ArgumentParser:
     gen.add_argument("--keywords", metavar="W1,W2",
                      help="comma-separated words the output should use (reward-steered: CDSL or CDLH)")
     gen.add_argument("--method", default="auto", choices=METHODS,
-                     help="decoder (default auto: cdsl with --keywords, else speculative with a draft, else target)")
+                     help="decoder (default auto: with --keywords cdsl, or cdlh under --draft none; else speculative, "
+                          "or target under --draft none)")
     gen.add_argument("--model", default="smollm2",
                      help="model: smollm2 (embedded default), gemma3-270m, an HF id, a folder or a .gguf file")
     gen.add_argument("--draft", default="auto",
