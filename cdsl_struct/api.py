@@ -116,10 +116,11 @@ class Generator:
         Constraints (at most one): ``schema`` (JSON Schema dict or text, or a pydantic model:
         ``value`` is then an instance), ``regex``, ``choices`` (``value`` is the chosen
         string), ``grammar`` (Lark text, a ``.lark`` path or a shipped name; ``value`` is a
-        ``lark.Tree``), or ``tools`` (OpenAI tool dicts or functions; ``tool_choice`` ``"auto"``,
-        ``"required"``, ``"none"`` or a tool name; ``parallel_tool_calls`` allows one or more
-        calls; ``value`` and ``tool_calls`` are the ``ToolCall`` list when calls were made).
-        With none, the answer is free text that ends at EOS.
+        ``lark.Tree``), or ``tools`` (OpenAI tool dicts or functions, described to the model in
+        a system message; ``tool_choice`` ``"auto"`` (text or calls), ``"required"``, a tool's
+        name, or ``"none"`` (tools ignored); ``parallel_tool_calls`` allows one or more calls;
+        ``value`` and ``tool_calls`` are the ``ToolCall`` list when calls were made, and ``text``
+        is then the calls' JSON). With none, the answer is free text that ends at EOS.
 
         Soft constraints: ``keywords`` (keyword coverage, inflections count) and ``reward``
         (a ``Reward`` or ``fn(text, final) -> float`` in [0, 1]) steer CDLH/CDSL and combine with
@@ -147,8 +148,8 @@ class Generator:
         if stream:
             if batch:
                 raise ValueError("stream=True takes one prompt, not a list of prompts")
-            return stream_in_thread(lambda emit: self.run(request, encoded[0], emit))
-        results = [self.run(request, ids) for ids in encoded]
+            return stream_in_thread(lambda emit: self._run(request, encoded[0], emit))
+        results = [self._run(request, ids) for ids in encoded]
         return results if batch else results[0]
 
     def choose_method(self, method: str, has_reward: bool) -> str:
@@ -205,7 +206,7 @@ class Generator:
 
     # --- decoding -----------------------------------------------------------------------------
 
-    def run(self, request: _Request, prompt: list[int], emit: Emit | None = None) -> Result:
+    def _run(self, request: _Request, prompt: list[int], emit: Emit | None = None) -> Result:
         """Decode one prompt (token ids) for a resolved request; ``emit`` receives text deltas."""
         with self._lock:
             tools = request.tools
