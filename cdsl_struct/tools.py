@@ -184,14 +184,15 @@ class ToolRequest:
     @property
     def call_schema(self) -> dict[str, Any]:
         """The JSON Schema of the model's output after the marker: one call, or a list of calls."""
-        branches = [
-            {"type": "object",
-             "properties": {"name": {"const": name}, "arguments": self.parameters(name)},
-             "required": ["name", "arguments"], "additionalProperties": False}
-            for name in self.allowed
-        ]
+        definitions: dict[str, Any] = {}
+        branches = []
+        for name in self.allowed:
+            arguments = _hoist_definitions(self.parameters(name), name, definitions)
+            branches.append({"type": "object", "properties": {"name": {"const": name}, "arguments": arguments},
+                             "required": ["name", "arguments"], "additionalProperties": False})
         call = branches[0] if len(branches) == 1 else {"anyOf": branches}
-        return {"type": "array", "items": call, "minItems": 1} if self.parallel else call
+        schema = {"type": "array", "items": call, "minItems": 1} if self.parallel else call
+        return {**schema, "$defs": definitions} if definitions else schema
 
     def parameters(self, name: str) -> dict[str, Any]:
         for tool in self.tools:
@@ -218,6 +219,35 @@ class ToolRequest:
         function = tool["function"]
         return json.dumps({"name": function["name"], "description": function["description"],
                            "parameters": function["parameters"]}, ensure_ascii=False)
+
+
+def _hoist_definitions(parameters: dict[str, Any], tool: str, definitions: dict[str, Any]) -> dict[str, Any]:
+    """``parameters`` without its ``$defs`` / ``definitions``, which move into ``definitions``
+    under ``<tool>.<name>``; local references are rewritten to match.
+
+    A tool's parameters sit inside the call schema, where its ``#/$defs/...`` references would
+    otherwise resolve against the call schema's root.
+    """
+    local = {**parameters.get("definitions", {}), **parameters.get("$defs", {})}
+    if not local:
+        return parameters
+
+    def rewrite(node: Any) -> Any:
+        if isinstance(node, dict):
+            out = {key: rewrite(value) for key, value in node.items()}
+            ref = node.get("$ref")
+            if isinstance(ref, str):
+                for prefix in ("#/$defs/", "#/definitions/"):
+                    if ref.startswith(prefix):
+                        out["$ref"] = f"#/$defs/{tool}.{ref[len(prefix):]}"
+            return out
+        if isinstance(node, list):
+            return [rewrite(item) for item in node]
+        return node
+
+    for name, definition in local.items():
+        definitions[f"{tool}.{name}"] = rewrite(definition)
+    return {key: rewrite(value) for key, value in parameters.items() if key not in ("$defs", "definitions")}
 
 
 def tool_request(tools: Sequence[Any] | None, tool_choice: Any = "auto",

@@ -9,6 +9,7 @@ from typing import Literal
 
 import jsonschema
 import pytest
+from pydantic import BaseModel
 
 import cdsl_struct as cs
 from cdsl_struct.api import Generator
@@ -163,6 +164,24 @@ def test_call_schema_accepts_exactly_valid_calls():
                                                                         "arguments": {"city": "Oslo"}}], parallel)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate([], parallel)
+
+
+class Item(BaseModel):
+    sku: str
+    qty: int
+
+
+def order(items: list[Item]) -> None:
+    """Place an order."""
+
+
+def test_nested_definitions_keep_resolving_inside_the_call_schema(gen):
+    assert "$defs" in tool_from_function(order)["function"]["parameters"]
+    schema = tool_request([order, add], "required").call_schema
+    jsonschema.validate({"name": "order", "arguments": {"items": [{"sku": "a", "qty": 1}]}}, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"name": "order", "arguments": {"items": [{"sku": "a"}]}}, schema)
+    assert cs.compile(cs.JsonSchema(schema), gen.vocabulary).backend == "llguidance"
 
 
 def test_auto_choice_pattern_is_the_marker_or_other_text(gen):
