@@ -101,7 +101,7 @@ def _strategy(method: str, reward: KeywordCoverage, draft_runner: ModelRunner, c
     if method == "cdlh":
         return cdlh
     if method == "cdsl":
-        draft = GuidedDraft(draft_runner, reward, k=config.k, lam=config.draft_lam)
+        draft = GuidedDraft(draft_runner, reward, k=config.k, lam=config.draft_lam, optimism=config.optimism)
         return CDSL(draft, reward, d=config.cdsl_d, acceptance_threshold=config.acceptance_threshold,
                     reward_threshold=config.reward_threshold, fallback=config.fallback, cdlh=cdlh,
                     reward_on=config.reward_on, commit=config.commit)

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ..constraints import CompiledConstraint, ConstraintState
 from ..constraints.mask import allocate_bitmask, allowed_tokens, apply_bitmask
 from ..models.runner import ModelRunner
 from ..rewards.base import Reward, as_reward
@@ -59,7 +60,7 @@ class CDLH:
         self.reward = as_reward(self.reward)
 
     def __call__(self, session: Session, logits: torch.Tensor | None = None) -> list[int]:
-        state, vocab = session.state, session.compiled.vocabulary
+        state = session.state
         if logits is None:
             logits = session.target.run(session.sequence, keep=1)[-1]
         masked = apply_bitmask(logits.clone(), session.current_mask())
@@ -69,26 +70,23 @@ class CDLH:
             return []
         top = torch.topk(logp, min(self.k, finite))
         candidates = [int(t) for t in top.indices]
-        rollouts = self._rollouts(session, candidates)
+        rollouts, ended = self._rollouts(session, candidates)
         best, best_score = candidates[0], -float("inf")
-        for candidate, lp, rollout in zip(candidates, top.values.tolist(), rollouts, strict=True):
-            tokens = session.output + [candidate] + rollout
-            finished = bool(tokens) and tokens[-1] in vocab.eos_token_ids
-            reward = self.reward(session.text_of(tokens), final=finished)
-            if not finished:
-                reward += self.optimism * (1.0 - reward)
-            score = lp + self.lam * reward
+        for candidate, lp, rollout, end in zip(candidates, top.values.tolist(), rollouts, ended, strict=True):
+            text = session.text_of(session.output + [candidate] + rollout)
+            score = lp + self.lam * optimistic_reward(self.reward, text, end, self.optimism)
             if score > best_score:
                 best, best_score = candidate, score
         state.advance(best)
         session.output.append(best)
         return [best]
 
-    def _rollouts(self, session: Session, candidates: list[int]) -> list[list[int]]:
-        """Greedy d-token continuations of every candidate, as one batch per position."""
+    def _rollouts(self, session: Session, candidates: list[int]) -> tuple[list[list[int]], list[bool]]:
+        """Greedy d-token continuations of every candidate (one batch per position), and
+        whether each continuation ends the output."""
         vocab = session.compiled.vocabulary
         if self.d == 0:
-            return [[] for _ in candidates]
+            return [[] for _ in candidates], [output_ended(session, c) for c in candidates]
         states = []
         for candidate in candidates:
             twin = session.state.copy()
@@ -121,7 +119,7 @@ class CDLH:
                 states[i].advance(token)
                 rollouts[i].append(token)
                 feed[i] = token
-        return rollouts
+        return rollouts, [state_ended(s, session.compiled) for s in states]
 
     @staticmethod
     @torch.inference_mode()
@@ -143,20 +141,23 @@ class GuidedDraft:
 
     A one-token lookahead heuristic at draft cost (one draft pass per token, k reward calls):
     it lets CDSL's lookaheads carry the reward (a keyword the target alone would not write yet),
-    which the target then verifies. ``lam = 0`` is the plain greedy draft.
+    which the target then verifies. A candidate that does not end the output is credited
+    ``optimism`` of the reward it may still earn, as in CDLH. ``lam = 0`` is the plain greedy draft.
     """
 
     name = "guided-draft"
 
-    def __init__(self, runner: ModelRunner, reward: Reward | Any, k: int = 5, lam: float = 5.0) -> None:
+    def __init__(self, runner: ModelRunner, reward: Reward | Any, k: int = 5, lam: float = 5.0,
+                 optimism: float = 0.5) -> None:
+        _check_unit("optimism", optimism)
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         if lam < 0:
             raise ValueError(f"lam must be >= 0, got {lam}")
         self.runner, self.reward, self.k, self.lam = runner, as_reward(reward), k, lam
+        self.optimism = optimism
 
     def propose(self, session: Session, proposal: Proposal, budget: int) -> None:
-        vocab = session.compiled.vocabulary
         for _ in range(budget):
             positions, seconds = self.runner.positions, self.runner.seconds
             logits = self.runner.run(session.sequence + proposal.tokens, keep=1)[-1]
@@ -173,8 +174,9 @@ class GuidedDraft:
             if self.lam > 0 and finite > 1:
                 prefix = session.output + proposal.tokens
                 for token, lp in zip(top.indices.tolist(), top.values.tolist(), strict=True):
-                    final = token in vocab.eos_token_ids
-                    score = lp + self.lam * self.reward(session.text_of(prefix + [token]), final=final)
+                    reward = optimistic_reward(self.reward, session.text_of(prefix + [token]),
+                                               output_ended(session, token), self.optimism)
+                    score = lp + self.lam * reward
                     if score > best_score:
                         best, best_score = token, score
             proposal.masks.append(mask)
@@ -244,7 +246,7 @@ class CDSL:
         session.stats.proposed += len(proposal.tokens)
         tokens, drafted = proposal.tokens, len(proposal.tokens)
         logits = session.target.run(session.sequence + tokens, keep=drafted + 1)
-        ends = _ends(session)
+        ends = state_ended(session.state, session.compiled)
         accepted, extra = verify(session, proposal, logits)
         agreed = accepted + self._agreement(session, proposal, logits, start=accepted + 1)
         a = agreed / drafted if drafted else 1.0
@@ -287,7 +289,7 @@ class CDSL:
             return []
         token = choose(choice, session.params, session.generator)
         session.state.advance(token)
-        if not allow_ending and _ends(session):
+        if not allow_ending and state_ended(session.state, session.compiled):
             session.state.rollback(1)
             return []
         session.output.append(token)
@@ -310,15 +312,33 @@ class CDSL:
         return agreed
 
 
-def _ends(session: Session) -> bool:
+def state_ended(state: ConstraintState, compiled: CompiledConstraint) -> bool:
     """Whether the output has ended: EOS written, or complete with nothing but EOS allowed."""
-    state = session.state
     if state.finished:
         return True
     if not state.is_complete():
         return False
-    eos = session.compiled.vocabulary.eos_token_ids
-    return all(t in eos for t in allowed_tokens(session.current_mask(), session.compiled.vocab_size))
+    row = allocate_bitmask(compiled.vocab_size)
+    state.fill_mask(row)
+    eos = compiled.vocabulary.eos_token_ids
+    return all(t in eos for t in allowed_tokens(row, compiled.vocab_size))
+
+
+def output_ended(session: Session, token: int) -> bool:
+    """Whether committing ``token`` next would end the output (the state is left as it was)."""
+    if token in session.compiled.vocabulary.eos_token_ids:
+        return True
+    session.state.advance(token)
+    try:
+        return state_ended(session.state, session.compiled)
+    finally:
+        session.state.rollback(1)
+
+
+def optimistic_reward(reward: Reward, text: str, ended: bool, optimism: float) -> float:
+    """The reward of ``text``; unfinished text is credited ``optimism`` of what it may still earn."""
+    score = reward(text, final=ended)
+    return score if ended else score + optimism * (1.0 - score)
 
 
 def _closing_index(session: Session, tokens: list[int]) -> int:
