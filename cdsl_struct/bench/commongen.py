@@ -45,6 +45,7 @@ class CommonGenConfig:
     reward_on: str = "text"
     commit: str = "lookahead"
     draft_lam: float = 5.0
+    suggest: bool = True
     draft: str = "bf16"
     model: str = "smollm2"
 
@@ -101,7 +102,8 @@ def _strategy(method: str, reward: KeywordCoverage, draft_runner: ModelRunner, c
     if method == "cdlh":
         return cdlh
     if method == "cdsl":
-        draft = GuidedDraft(draft_runner, reward, k=config.k, lam=config.draft_lam, optimism=config.optimism)
+        draft = GuidedDraft(draft_runner, reward, k=config.k, lam=config.draft_lam, optimism=config.optimism,
+                            suggest=config.suggest)
         return CDSL(draft, reward, d=config.cdsl_d, acceptance_threshold=config.acceptance_threshold,
                     reward_threshold=config.reward_threshold, fallback=config.fallback, cdlh=cdlh,
                     reward_on=config.reward_on, commit=config.commit)

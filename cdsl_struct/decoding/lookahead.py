@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,8 +45,8 @@ class CDLH:
     reward: Reward | Any
     k: int = 5
     d: int = 3
-    lam: float = 1.0
-    optimism: float = 0.0
+    lam: float = 5.0
+    optimism: float = 0.5
     """Credit an unfinished roll-out with this share of the reward it may still earn,
     ``r + optimism * (1 - r)``, so that ending early with the reward unmet scores lower."""
 
@@ -136,29 +137,34 @@ class CDLH:
 
 
 class GuidedDraft:
-    """A draft model steered by the reward: each token is the best of the draft's top-k masked
-    candidates by ``log q(candidate) + lam * reward(text with candidate)``.
+    """A draft model steered by the reward: each step writes the best of the draft's top-k masked
+    tokens, and of the words the reward suggests (``Reward.suggestions``, e.g. the inflections of
+    keywords still missing), by ``log q(first token) + lam * reward(text with it)``.
 
-    A one-token lookahead heuristic at draft cost (one draft pass per token, k reward calls):
-    it lets CDSL's lookaheads carry the reward (a keyword the target alone would not write yet),
-    which the target then verifies. A candidate that does not end the output is credited
-    ``optimism`` of the reward it may still earn, as in CDLH. ``lam = 0`` is the plain greedy draft.
+    A one-word lookahead heuristic at draft cost (one draft pass per step, a few reward calls):
+    it lets CDSL's lookaheads carry the reward (a keyword the target alone would not write yet,
+    or not among its top-k at all, as CDLH needs), which the target then verifies. A suggested
+    word is written whole (all its tokens) and only where the constraint allows it. A candidate
+    that does not end the output is credited ``optimism`` of the reward it may still earn, as in
+    CDLH. ``lam = 0`` is the plain greedy draft.
     """
 
     name = "guided-draft"
 
     def __init__(self, runner: ModelRunner, reward: Reward | Any, k: int = 5, lam: float = 5.0,
-                 optimism: float = 0.5) -> None:
+                 optimism: float = 0.5, suggest: bool = True) -> None:
         _check_unit("optimism", optimism)
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         if lam < 0:
             raise ValueError(f"lam must be >= 0, got {lam}")
         self.runner, self.reward, self.k, self.lam = runner, as_reward(reward), k, lam
-        self.optimism = optimism
+        self.optimism, self.suggest = optimism, suggest
+        self._encoded: dict[str, list[int]] = {}
 
     def propose(self, session: Session, proposal: Proposal, budget: int) -> None:
-        for _ in range(budget):
+        end = len(proposal.tokens) + budget
+        while len(proposal.tokens) < end:
             positions, seconds = self.runner.positions, self.runner.seconds
             logits = self.runner.run(session.sequence + proposal.tokens, keep=1)[-1]
             session.stats.draft_passes += 1
@@ -170,19 +176,40 @@ class GuidedDraft:
             if finite == 0:
                 return
             top = torch.topk(logp, min(self.k, finite))
-            best, best_score = int(top.indices[0]), -float("inf")
-            if self.lam > 0 and finite > 1:
+            chosen = [int(top.indices[0])]
+            if self.lam > 0:
                 prefix = session.output + proposal.tokens
-                for token, lp in zip(top.indices.tolist(), top.values.tolist(), strict=True):
-                    reward = optimistic_reward(self.reward, session.text_of(prefix + [token]),
-                                               output_ended(session, token), self.optimism)
-                    score = lp + self.lam * reward
-                    if score > best_score:
-                        best, best_score = token, score
-            proposal.masks.append(mask)
-            session.speculate(proposal, best, None)
-            if session.state.finished:
-                return
+                candidates = [[int(t)] for t in top.indices]
+                if self.suggest:
+                    candidates += self._suggested(session, prefix, logp, end - len(proposal.tokens))
+                chosen = max(candidates, key=lambda c: float(logp[c[0]]) + self.lam * optimistic_reward(
+                    self.reward, session.text_of(prefix + c), output_ended(session, c), self.optimism))
+            steered = chosen[0] != int(top.indices[0]) or len(chosen) > 1
+            for i, token in enumerate(chosen):
+                proposal.masks.append(mask if i == 0 else session.current_mask())
+                if steered:
+                    proposal.steered.add(len(proposal.tokens))
+                session.speculate(proposal, token, None)
+                if session.state.finished:
+                    return
+
+    def _suggested(self, session: Session, prefix: list[int], logp: torch.Tensor, room: int) -> list[list[int]]:
+        """The token sequences of the reward's suggested words that fit here and in ``room``."""
+        text = session.text_of(prefix)
+        spellings = []
+        for word in self.reward.suggestions(text):
+            spellings.append(" " + word)
+            if not text or text[-1].isspace():
+                spellings += [word, word.capitalize()]
+        found = []
+        for spelling in spellings:
+            if spelling not in self._encoded:
+                self._encoded[spelling] = session.compiled.vocabulary.encode(spelling)
+            tokens = self._encoded[spelling]
+            if (tokens and len(tokens) <= room and torch.isfinite(logp[tokens[0]])
+                    and session.state.validate(tokens) == len(tokens)):
+                found.append(tokens)
+        return found
 
 
 @dataclass
@@ -206,7 +233,8 @@ class CDSL:
       the agreed tokens before the premature ending are kept and the fallback chooses there.
     """
 
-    draft: Proposer
+    draft: Proposer | ModelRunner
+    """A proposer, or a draft model's runner, which is then guided by the reward (``GuidedDraft``)."""
     reward: Reward | Any
     d: int = 4
     acceptance_threshold: float = 0.5
@@ -227,10 +255,12 @@ class CDSL:
         _check_unit("reward_threshold", self.reward_threshold)
         for name, value, allowed in (("fallback", self.fallback, ("cdlh", "target")),
                                      ("reward_on", self.reward_on, ("text", "ending")),
-                                     ("commit", self.commit, ("lookahead", "prefix"))):
+                                     ("commit", self.commit, ("lookahead", "steered", "prefix"))):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
         self.reward = as_reward(self.reward)
+        if isinstance(self.draft, ModelRunner):
+            self.draft = GuidedDraft(self.draft, self.reward)
         if self.cdlh is None:
             self.cdlh = CDLH(self.reward)
         self._forced: Proposer = forced_proposer()
@@ -248,8 +278,8 @@ class CDSL:
         logits = session.target.run(session.sequence + tokens, keep=drafted + 1)
         ends = state_ended(session.state, session.compiled)
         accepted, extra = verify(session, proposal, logits)
-        agreed = accepted + self._agreement(session, proposal, logits, start=accepted + 1)
-        a = agreed / drafted if drafted else 1.0
+        agrees = [True] * accepted + [False] + self._judge(session, proposal, logits, start=accepted + 1)
+        a = sum(agrees[:drafted]) / drafted if drafted else 1.0
         if self.reward_on == "ending" and not ends:
             r = 1.0
         else:
@@ -259,9 +289,13 @@ class CDSL:
             "reject_acceptance" if passed_r else ("reject_reward" if passed_a else "reject_both"))
         self.states[state] += 1
         session.stats.accepted += accepted
-        if state == "accept" and self.commit == "lookahead" and drafted:
-            session.output.extend(tokens)
-            return tokens + self._target_token(session, logits[drafted], proposal.masks[drafted])
+        if state == "accept" and self.commit != "prefix" and drafted:
+            kept = drafted
+            if self.commit == "steered":
+                kept = next((i for i in range(drafted) if not agrees[i] and i not in proposal.steered), drafted)
+            session.state.rollback(drafted - kept)
+            session.output.extend(tokens[:kept])
+            return tokens[:kept] + self._target_token(session, logits[kept], proposal.masks[kept])
         if passed_r:
             session.state.rollback(drafted - accepted)
             committed = tokens[:accepted] + ([] if extra is None else [extra])
@@ -296,20 +330,20 @@ class CDSL:
         return [token]
 
     @staticmethod
-    def _agreement(session: Session, proposal: Proposal, logits: torch.Tensor, start: int) -> int:
-        """How many lookahead tokens from ``start`` on the target agrees with."""
-        agreed = 0
+    def _judge(session: Session, proposal: Proposal, logits: torch.Tensor, start: int) -> list[bool]:
+        """Whether the target agrees with each lookahead token from ``start`` on, given the ones before."""
+        agrees = []
         for i in range(start, len(proposal.tokens)):
             token = proposal.tokens[i]
             target_logits = masked_logits(logits[i], proposal.masks[i])
             if session.params.greedy:
-                agreed += int(torch.argmax(target_logits)) == token
+                agrees.append(int(torch.argmax(target_logits)) == token)
                 continue
             p = distribution(target_logits, session.params)
             q = proposal.draft_probs[i]
             q_token = 1.0 if q is None else float(q[token])
-            agreed += float(torch.rand((), generator=session.generator)) * q_token < float(p[token])
-        return agreed
+            agrees.append(float(torch.rand((), generator=session.generator)) * q_token < float(p[token]))
+        return agrees
 
 
 def state_ended(state: ConstraintState, compiled: CompiledConstraint) -> bool:
@@ -324,15 +358,16 @@ def state_ended(state: ConstraintState, compiled: CompiledConstraint) -> bool:
     return all(t in eos for t in allowed_tokens(row, compiled.vocab_size))
 
 
-def output_ended(session: Session, token: int) -> bool:
-    """Whether committing ``token`` next would end the output (the state is left as it was)."""
-    if token in session.compiled.vocabulary.eos_token_ids:
+def output_ended(session: Session, tokens: int | Sequence[int]) -> bool:
+    """Whether committing ``tokens`` next would end the output (the state is left as it was)."""
+    tokens = [tokens] if isinstance(tokens, int) else list(tokens)
+    if any(t in session.compiled.vocabulary.eos_token_ids for t in tokens):
         return True
-    session.state.advance(token)
+    session.state.advance(tokens)
     try:
         return state_ended(session.state, session.compiled)
     finally:
-        session.state.rollback(1)
+        session.state.rollback(len(tokens))
 
 
 def optimistic_reward(reward: Reward, text: str, ended: bool, optimism: float) -> float:

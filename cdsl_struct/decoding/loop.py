@@ -29,13 +29,15 @@ class Proposal:
 
     ``masks[i]`` is the mask before ``tokens[i]``; ``masks[len(tokens)]`` the one after them.
     ``draft_probs[i]`` is the draft's distribution for ``tokens[i]``, or None when the token
-    was proposed deterministically (forced, looked up, or a greedy draft).
+    was proposed deterministically (forced, looked up, or a greedy draft). ``steered`` holds the
+    indices of tokens a reward-guided draft wrote instead of its own first choice.
     """
 
     tokens: list[int] = field(default_factory=list)
     masks: list[torch.Tensor] = field(default_factory=list)
     draft_probs: list[torch.Tensor | None] = field(default_factory=list)
     forced: int = 0
+    steered: set[int] = field(default_factory=set)
 
     @property
     def drafted(self) -> int:

@@ -30,6 +30,14 @@ class Reward(ABC):
     @abstractmethod
     def score(self, text: str, *, final: bool) -> float: ...
 
+    def suggestions(self, text: str) -> list[str]:
+        """Words that would raise the score if written next after ``text`` (none by default).
+
+        A hint for reward-guided drafts (``GuidedDraft`` also weighs these words, not only the
+        model's top tokens); it never changes the score or any hard constraint.
+        """
+        return []
+
     def __call__(self, text: str, *, final: bool = False) -> float:
         return checked_score(self.score(text, final=final), type(self).__name__)
 
@@ -70,6 +78,9 @@ class WeightedMean(Reward):
         total = sum(w * r(text, final=final) for w, r in zip(self.weights, self.rewards, strict=True))
         return total / sum(self.weights)
 
+    def suggestions(self, text: str) -> list[str]:
+        return _merged_suggestions(self.rewards, text)
+
 
 class MinReward(Reward):
     """The lowest of several rewards: every one must be satisfied."""
@@ -81,3 +92,11 @@ class MinReward(Reward):
 
     def score(self, text: str, *, final: bool) -> float:
         return min(r(text, final=final) for r in self.rewards)
+
+    def suggestions(self, text: str) -> list[str]:
+        return _merged_suggestions(self.rewards, text)
+
+
+def _merged_suggestions(rewards: Sequence[Reward], text: str) -> list[str]:
+    """Every part's suggestions, each word once, in order."""
+    return list(dict.fromkeys(word for reward in rewards for word in reward.suggestions(text)))

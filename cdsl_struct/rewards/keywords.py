@@ -54,6 +54,12 @@ class KeywordCoverage(Reward):
         covered = set(self.covered(text))
         return [w for w in self.words if w not in covered]
 
+    def suggestions(self, text: str) -> list[str]:
+        """Every inflection of every word still missing from ``text``."""
+        missing = set(self.missing(text))
+        return [form for word, forms in zip(self.words, self._forms, strict=True) if word in missing
+                for form in sorted(forms)]
+
     def score(self, text: str, *, final: bool) -> float:
         fraction = len(self.covered(text)) / len(self.words)
         return fraction if self.mode == "soft" else float(fraction == 1.0)

@@ -8,7 +8,7 @@ from cdsl_struct import Regex, compile
 from cdsl_struct.decoding import DraftModelProposer, decode
 from cdsl_struct.decoding.lookahead import CDLH, CDSL, CDSL_STATES, GuidedDraft
 from cdsl_struct.models.runner import ModelRunner
-from cdsl_struct.rewards import CallableReward, RewardError
+from cdsl_struct.rewards import CallableReward, Reward, RewardError
 from tests.decoding.test_mechanics_tiny import PROMPT, letters_vocab, tiny_model
 
 PATTERN = "[a-h]{2,6}"
@@ -49,7 +49,7 @@ def test_cdsl_with_thresholds_zero_is_lossless_speculation(setup):
     compiled, target, draft = setup
     plain = decode(target, compiled, PROMPT, max_tokens=8)
     cdsl = CDSL(draft, likes_h, d=3, acceptance_threshold=0.0, reward_threshold=0.0, commit="prefix")
-    assert decode(target, compiled, PROMPT, max_tokens=8, strategy=cdsl).tokens == plain.tokens
+    assert decode(target, compiled, PROMPT, max_tokens=8, strategy=cdsl).text == plain.text
     assert set(cdsl.states) == {"accept"}
 
 
@@ -78,6 +78,35 @@ def test_guided_draft_picks_reward_carrying_tokens(setup):
         GuidedDraft(draft.runner, likes_h, k=0)
     with pytest.raises(ValueError, match="lam must be"):
         GuidedDraft(draft.runner, likes_h, lam=-1.0)
+
+
+class WantsWord(Reward):
+    """Met once ``word`` appears; suggests it until then."""
+
+    def __init__(self, word: str) -> None:
+        self.word = word
+
+    def score(self, text, *, final):
+        return float(self.word in text)
+
+    def suggestions(self, text):
+        return [] if self.word in text else [self.word]
+
+
+def test_guided_draft_writes_suggested_words_whole_and_steered_commit_keeps_them(setup):
+    compiled, target, draft = setup
+    wants = WantsWord("hhh")
+    plain = decode(target, compiled, PROMPT, max_tokens=8)
+    assert "hhh" not in plain.text
+    # k=1: the draft's own candidate is its argmax; only the suggestion can bring the word
+    guided = GuidedDraft(draft.runner, wants, k=1, lam=1000.0)
+    cdsl = CDSL(guided, wants, d=4, acceptance_threshold=0.0, reward_threshold=0.0, commit="steered")
+    result = decode(target, compiled, PROMPT, max_tokens=8, strategy=cdsl)
+    assert "hhh" in result.text and re.fullmatch(PATTERN, result.text)
+    # without suggestions the draft never finds the word: the target's own text
+    unsuggested = GuidedDraft(draft.runner, wants, k=1, lam=1000.0, suggest=False)
+    cdsl = CDSL(unsuggested, wants, d=4, acceptance_threshold=0.0, reward_threshold=0.0, commit="steered")
+    assert decode(target, compiled, PROMPT, max_tokens=8, strategy=cdsl).text == plain.text
 
 
 def test_bad_parameters_are_clear_errors(setup):

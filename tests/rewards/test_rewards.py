@@ -25,6 +25,17 @@ def test_keyword_coverage_counts_inflections():
     assert reward.missing("a field") == ["look", "stand"]
 
 
+def test_keyword_coverage_suggests_the_forms_of_missing_words_only():
+    reward = KeywordCoverage(["field_N", "stand_V"])
+    suggested = reward.suggestions("a field")
+    assert {"stand", "stood", "standing", "stands"} <= set(suggested)
+    assert not {"field", "fields"} & set(suggested)
+    assert reward.suggestions("fields where they stood") == []
+    assert CallableReward(lambda text: 0.5).suggestions("x") == []  # a plain callable suggests nothing
+    merged = MinReward([reward, KeywordCoverage(["stand", "look"])]).suggestions("")
+    assert len(merged) == len(set(merged)) and {"field", "stood", "looked"} <= set(merged)
+
+
 def test_keyword_coverage_hard_mode_and_word_boundaries():
     hard = KeywordCoverage(["dance", "kid"], mode="hard")
     assert hard("The kids danced.") == 1.0
