@@ -41,8 +41,9 @@ FREE_TEXT = r"[\s\S]*"
 AUTO_DRAFT = "lookup"
 """``draft="auto"``: prompt lookup (plus the grammar's forced tokens, always on). Both are free,
 and on the embedded model they beat model drafts in wall time (BENCHMARKS.md)."""
-CDSL_SELF_DRAFT = "bf16"
-"""The draft model CDSL uses when ``draft`` names no model: the target's weights in bf16."""
+CDSL_SELF_DRAFT = "int8"
+"""The draft model CDSL uses when ``draft`` names no model: the target's linear layers in int8
+(a single-token step costs about half of fp32 on a CPU; see the CommonGen sweep in BENCHMARKS.md)."""
 
 Emit = Callable[[str], None]
 
@@ -68,7 +69,7 @@ class Generator:
     local cache, or a ``LoadedModel``. ``draft``: ``"auto"`` (prompt lookup), ``None`` (no
     draft: ``method="auto"`` decodes target-only, or CDLH with a reward), or a spec for
     ``build_proposers``: ``"lookup"``, ``"bf16"``, ``"layers:N"``, a model path, or parts joined
-    by ``+``. CDSL uses the draft's model part, else a bf16 copy of the target (made on first
+    by ``+``. CDSL uses the draft's model part, else an int8 copy of the target (made on first
     use). ``backend`` / ``whitespace`` / ``compile_timeout`` are passed to ``compile``; ``k`` is
     the number of tokens speculated per step.
     """
@@ -89,8 +90,8 @@ class Generator:
         self.draft: str | None = None if draft in (None, "none") else (AUTO_DRAFT if draft == "auto" else draft)
         self.target = ModelRunner(self.loaded.model)
         self.proposers = build_proposers(self.draft, self.loaded.model, target_tokenizer=self.tokenizer)
-        self._cdsl_draft: DraftModelProposer | None = next(
-            (p for p in self.proposers if isinstance(p, DraftModelProposer)), None)
+        self._cdsl_draft: ModelRunner | None = next(
+            (p.runner for p in self.proposers if isinstance(p, DraftModelProposer)), None)
         self._marker_ids = list(self.tokenizer.encode(CALL_MARKER, add_special_tokens=False))
         self._lock = threading.Lock()
 
@@ -265,13 +266,14 @@ class Generator:
         if request.method == "cdlh":
             return CDLH(request.reward)
         if request.method == "cdsl":
-            return CDSL(self._cdsl_proposer(), request.reward)
+            return CDSL(self._cdsl_draft_runner(), request.reward)
         return None
 
-    def _cdsl_proposer(self) -> DraftModelProposer:
+    def _cdsl_draft_runner(self) -> ModelRunner:
+        """The draft model CDSL steers by the reward (its lookahead policy is CDSL's default)."""
         if self._cdsl_draft is None:
             model = self_draft(self.loaded.model, CDSL_SELF_DRAFT)
-            self._cdsl_draft = DraftModelProposer(ModelRunner(model, name=CDSL_SELF_DRAFT))
+            self._cdsl_draft = ModelRunner(model, name=CDSL_SELF_DRAFT)
         return self._cdsl_draft
 
 

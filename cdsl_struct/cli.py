@@ -42,28 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     spec.add_argument("--no-progress", action="store_true")
 
     gen = bench.add_parser("commongen", help="CommonGen keyword coverage: greedy vs CDLH vs CDSL")
-    gen.add_argument("--data", required=True, help="CommonGen jsonl (concept_set per line)")
-    gen.add_argument("--limit", type=int, default=20)
-    gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--methods", default="greedy,cdlh,cdsl")
-    gen.add_argument("--k", type=int, default=5, help="CDLH candidates per step")
-    gen.add_argument("--d", type=int, default=3, help="CDLH roll-out length")
-    gen.add_argument("--lam", type=float, default=2.0, help="CDLH reward weight")
-    gen.add_argument("--optimism", type=float, default=0.0,
-                     help="CDLH: share of the unmet reward credited to unfinished roll-outs, in [0, 1]")
-    gen.add_argument("--cdsl-d", type=int, default=4, help="CDSL lookahead length")
-    gen.add_argument("--a-t", type=float, default=0.5, help="CDSL acceptance threshold in [0, 1]")
-    gen.add_argument("--r-t", type=float, default=0.0, help="CDSL reward threshold in [0, 1]")
-    gen.add_argument("--fallback", default="cdlh", choices=["cdlh", "target"])
-    gen.add_argument("--reward-on", default="text", choices=["text", "ending"],
-                     help="CDSL: score every lookahead, or only lookaheads that end the output")
-    gen.add_argument("--commit", default="lookahead", choices=["lookahead", "prefix"],
-                     help="CDSL: keep the whole accepted lookahead, or only its agreed prefix")
-    gen.add_argument("--draft-lam", type=float, default=5.0,
-                     help="CDSL draft guidance: reward weight when the draft picks among its top-k (0: plain greedy)")
-    gen.add_argument("--draft", default="bf16", help="CDSL draft: bf16, int8 or layers:N")
-    gen.add_argument("--json", dest="json_out")
-    gen.add_argument("--no-progress", action="store_true")
+    _commongen_arguments(gen)
 
     models = commands.add_parser("models", help="fetch and prepare models, or list them")
     models.add_argument("action", choices=["pull", "list"])
@@ -117,15 +96,53 @@ def _speculative(args: argparse.Namespace) -> int:
     return _report(report, format_table(report["summary"]), args.json_out)
 
 
+def _commongen_arguments(gen: argparse.ArgumentParser) -> None:
+    """The CommonGen options; their defaults are ``CommonGenConfig``'s (chosen by the sweep in BENCHMARKS.md)."""
+    from .bench.commongen import CommonGenConfig
+
+    c = CommonGenConfig()
+    gen.add_argument("--data", required=True, help="CommonGen jsonl (concept_set per line)")
+    gen.add_argument("--limit", type=int, default=c.limit, help=f"concept sets, a seeded sample (default {c.limit})")
+    gen.add_argument("--seed", type=int, default=c.seed)
+    gen.add_argument("--methods", default=",".join(c.methods), help="comma-separated: greedy, cdlh, cdsl")
+    gen.add_argument("--max-tokens", type=int, default=c.max_tokens)
+    gen.add_argument("--k", type=int, default=c.k, help=f"CDLH (and draft) candidates per step (default {c.k})")
+    gen.add_argument("--d", type=int, default=c.d, help=f"CDLH roll-out length (default {c.d})")
+    gen.add_argument("--lam", type=float, default=c.lam, help=f"CDLH reward weight (default {c.lam})")
+    gen.add_argument("--optimism", type=float, default=c.optimism,
+                     help=f"credit for unfinished roll-outs' unmet reward, in [0, 1] (default {c.optimism})")
+    gen.add_argument("--cdsl-d", type=int, default=c.cdsl_d, help=f"CDSL lookahead length (default {c.cdsl_d})")
+    gen.add_argument("--a-t", type=float, default=c.acceptance_threshold,
+                     help=f"CDSL acceptance threshold in [0, 1] (default {c.acceptance_threshold})")
+    gen.add_argument("--r-t", type=float, default=c.reward_threshold,
+                     help=f"CDSL reward threshold in [0, 1] (default {c.reward_threshold})")
+    gen.add_argument("--fallback", default=c.fallback, choices=["cdlh", "target"])
+    gen.add_argument("--reward-on", default=c.reward_on, choices=["text", "ending"],
+                     help=f"CDSL: score every lookahead, or only those that end the output (default {c.reward_on})")
+    gen.add_argument("--commit", default=c.commit, choices=["lookahead", "steered", "prefix"],
+                     help="CDSL accept: the whole lookahead, its agreed and reward-chosen tokens, or its agreed "
+                          f"prefix (default {c.commit})")
+    gen.add_argument("--draft", default=c.draft, help=f"CDSL draft: bf16, int8 or layers:N (default {c.draft})")
+    gen.add_argument("--draft-policy", default=c.draft_policy, choices=["guided", "rollout"],
+                     help="CDSL draft: one-word reward lookahead per token, or CDLH-style draft roll-outs "
+                          f"(default {c.draft_policy})")
+    gen.add_argument("--draft-lam", type=float, default=c.draft_lam,
+                     help=f"CDSL draft: reward weight among its candidates, 0 = plain greedy (default {c.draft_lam})")
+    gen.add_argument("--no-suggest", dest="suggest", action="store_false",
+                     help="CDSL draft: weigh only its own top-k, not the reward's suggested words")
+    gen.add_argument("--json", dest="json_out")
+    gen.add_argument("--no-progress", action="store_true")
+
+
 def _commongen(args: argparse.Namespace) -> int:
     from .bench.commongen import CommonGenConfig, format_table, run_commongen
 
     config = CommonGenConfig(
-        limit=args.limit, seed=args.seed, methods=tuple(args.methods.split(",")), k=args.k, d=args.d,
-        lam=args.lam, optimism=args.optimism, cdsl_d=args.cdsl_d, acceptance_threshold=args.a_t,
-        reward_threshold=args.r_t,
-        fallback=args.fallback, reward_on=args.reward_on, draft=args.draft, commit=args.commit,
-        draft_lam=args.draft_lam,
+        limit=args.limit, seed=args.seed, methods=tuple(args.methods.split(",")), max_tokens=args.max_tokens,
+        k=args.k, d=args.d, lam=args.lam, optimism=args.optimism, cdsl_d=args.cdsl_d,
+        acceptance_threshold=args.a_t, reward_threshold=args.r_t, fallback=args.fallback,
+        reward_on=args.reward_on, commit=args.commit, draft=args.draft, draft_policy=args.draft_policy,
+        draft_lam=args.draft_lam, suggest=args.suggest,
     )
     report = run_commongen(args.data, config, progress=not args.no_progress)
     report["summary"] = {}

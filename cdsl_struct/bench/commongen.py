@@ -17,7 +17,7 @@ from typing import Any
 
 from ..constraints import Regex, compile
 from ..decoding import decode
-from ..decoding.lookahead import CDLH, CDSL, CDSL_STATES, GuidedDraft
+from ..decoding.lookahead import CDLH, CDSL, CDSL_STATES, GuidedDraft, RolloutDraft
 from ..models.loading import load_model
 from ..models.runner import ModelRunner, self_draft
 from ..rewards import KeywordCoverage
@@ -30,23 +30,24 @@ METHODS = ("greedy", "cdlh", "cdsl")
 
 @dataclass
 class CommonGenConfig:
-    limit: int = 20
+    limit: int = 30
     seed: int = 0
     methods: tuple[str, ...] = METHODS
     max_tokens: int = 48
     k: int = 5
     d: int = 3
-    lam: float = 2.0
-    optimism: float = 0.0
+    lam: float = 5.0
+    optimism: float = 0.5
     cdsl_d: int = 4
     acceptance_threshold: float = 0.5
-    reward_threshold: float = 0.0
+    reward_threshold: float = 0.99
     fallback: str = "cdlh"
-    reward_on: str = "text"
-    commit: str = "lookahead"
-    draft_lam: float = 5.0
+    reward_on: str = "ending"
+    commit: str = "steered"
+    draft_lam: float = 20.0
     suggest: bool = True
-    draft: str = "bf16"
+    draft_policy: str = "guided"
+    draft: str = "int8"
     model: str = "smollm2"
 
 
@@ -69,7 +70,7 @@ def run_commongen(data: str | Path, config: CommonGenConfig, progress: bool = Tr
     concept_sets = load_concept_sets(data, config.limit, config.seed)
     results: dict[str, dict[str, Any]] = {
         m: {"sentences": [], "hard": 0, "soft": 0.0, "wall_s": 0.0, "target_passes": 0, "target_positions": 0,
-            "draft_passes": 0, "states": Counter()} for m in config.methods}
+            "draft_passes": 0, "complete": 0, "hard_complete": 0, "states": Counter()} for m in config.methods}
     for concepts in tqdm.tqdm(concept_sets, disable=not progress, unit="set"):
         words = [c.split("_")[0] for c in concepts]
         reward = KeywordCoverage(concepts)
@@ -85,6 +86,8 @@ def run_commongen(data: str | Path, config: CommonGenConfig, progress: bool = Tr
             row["sentences"].append({"concepts": concepts, "text": result.text, "covered": covered,
                                      "finish_reason": result.finish_reason})
             row["hard"] += len(covered) == len(concepts)
+            row["complete"] += result.complete
+            row["hard_complete"] += result.complete and len(covered) == len(concepts)
             row["soft"] += len(covered) / len(concepts)
             row["wall_s"] += wall
             row["target_passes"] += result.stats.target_passes
@@ -102,8 +105,9 @@ def _strategy(method: str, reward: KeywordCoverage, draft_runner: ModelRunner, c
     if method == "cdlh":
         return cdlh
     if method == "cdsl":
-        draft = GuidedDraft(draft_runner, reward, k=config.k, lam=config.draft_lam, optimism=config.optimism,
-                            suggest=config.suggest)
+        policy = {"guided": GuidedDraft, "rollout": RolloutDraft}[config.draft_policy]
+        draft = policy(draft_runner, reward, k=config.k, lam=config.draft_lam, optimism=config.optimism,
+                       suggest=config.suggest)
         return CDSL(draft, reward, d=config.cdsl_d, acceptance_threshold=config.acceptance_threshold,
                     reward_threshold=config.reward_threshold, fallback=config.fallback, cdlh=cdlh,
                     reward_on=config.reward_on, commit=config.commit)
@@ -117,6 +121,8 @@ def _report(results: dict[str, dict[str, Any]], count: int, config: CommonGenCon
         methods[method] = {
             "hard_coverage": round(row["hard"] / max(count, 1), 4),
             "soft_coverage": round(row["soft"] / max(count, 1), 4),
+            "complete": round(row["complete"] / max(count, 1), 4),
+            "hard_coverage_complete": round(row["hard_complete"] / max(count, 1), 4),
             "wall_s": round(row["wall_s"], 2),
             "target_passes": row["target_passes"],
             "target_positions": row["target_positions"],
@@ -135,9 +141,11 @@ def _report(results: dict[str, dict[str, Any]], count: int, config: CommonGenCon
 
 
 def format_table(report: dict[str, Any]) -> str:
-    lines = [f"{'method':8s} {'hard':>6s} {'soft':>6s} {'wall s':>8s} {'passes':>7s} {'draft':>6s}  states"]
+    lines = [f"{'method':8s} {'hard':>6s} {'soft':>6s} {'complete':>8s} {'wall s':>8s} {'passes':>7s} "
+             f"{'draft':>6s}  states"]
     for method, row in report["methods"].items():
-        lines.append(f"{method:8s} {row['hard_coverage']:6.3f} {row['soft_coverage']:6.3f} {row['wall_s']:8.1f} "
+        lines.append(f"{method:8s} {row['hard_coverage']:6.3f} {row['soft_coverage']:6.3f} {row['complete']:8.3f} "
+                     f"{row['wall_s']:8.1f} "
                      f"{row['target_passes']:7d} {row['draft_passes']:6d}  {row['states'] or ''}")
     for key in ("speedup_cdsl_vs_cdlh", "target_pass_ratio_cdlh_vs_cdsl", "cdsl_hard_coverage_vs_cdlh"):
         if key in report:

@@ -16,6 +16,7 @@ masked distributions and advance the one constraint state) and count what they c
 from __future__ import annotations
 
 import copy
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -83,57 +84,141 @@ class CDLH:
         return [best]
 
     def _rollouts(self, session: Session, candidates: list[int]) -> tuple[list[list[int]], list[bool]]:
-        """Greedy d-token continuations of every candidate (one batch per position), and
-        whether each continuation ends the output."""
-        vocab = session.compiled.vocabulary
-        if self.d == 0:
-            return [[] for _ in candidates], [output_ended(session, c) for c in candidates]
-        states = []
-        for candidate in candidates:
-            twin = session.state.copy()
-            twin.advance(candidate)
-            states.append(twin)
-        target = session.target
-        if not target.hold(session.sequence):
-            target.run(session.sequence, keep=1)  # cache exactly the committed sequence
-        cache = copy.deepcopy(target.cache)
-        cache.batch_repeat_interleave(len(candidates))
-        rollouts: list[list[int]] = [[] for _ in candidates]
-        feed = list(candidates)
-        row = allocate_bitmask(session.compiled.vocab_size)
-        for _ in range(self.d):
-            alive = [i for i, s in enumerate(states) if not s.finished]
-            if not alive:
-                break
-            logits, cache = self._batched_pass(session, cache, feed)
-            for i in range(len(candidates)):
-                if states[i].finished:
-                    feed[i] = vocab.eos_token_id
-                    continue
-                states[i].fill_mask(row)
-                choice = apply_bitmask(logits[i].clone(), row)
-                if not torch.isfinite(choice).any():
-                    states[i].finished = True
-                    feed[i] = vocab.eos_token_id
-                    continue
-                token = int(torch.argmax(choice))
-                states[i].advance(token)
-                rollouts[i].append(token)
-                feed[i] = token
-        return rollouts, [state_ended(s, session.compiled) for s in states]
+        return greedy_rollouts(session, session.target, session.sequence, candidates, self.d)
 
-    @staticmethod
-    @torch.inference_mode()
-    def _batched_pass(session: Session, cache: Any, feed: list[int]) -> tuple[torch.Tensor, Any]:
-        import time
 
-        target = session.target
-        start = time.perf_counter()
-        out = target.model(input_ids=torch.tensor(feed).unsqueeze(1), past_key_values=cache, use_cache=True)
-        target.passes += 1
-        target.positions += len(feed)
-        target.seconds += time.perf_counter() - start
-        return out.logits[:, -1].float(), out.past_key_values
+def greedy_rollouts(session: Session, runner: ModelRunner, sequence: list[int], candidates: list[int],
+                    d: int) -> tuple[list[list[int]], list[bool]]:
+    """Greedy masked ``d``-token continuations by ``runner`` of every candidate next token after
+    ``sequence`` (whose constraint state is ``session.state``), one batched pass per position,
+    and whether each continuation ends the output. The runner's counters include the passes."""
+    vocab = session.compiled.vocabulary
+    if d == 0:
+        return [[] for _ in candidates], [output_ended(session, c) for c in candidates]
+    states = []
+    for candidate in candidates:
+        twin = session.state.copy()
+        twin.advance(candidate)
+        states.append(twin)
+    if not runner.hold(sequence):
+        runner.run(sequence, keep=1)  # cache exactly the sequence
+    cache = copy.deepcopy(runner.cache)
+    cache.batch_repeat_interleave(len(candidates))
+    rollouts: list[list[int]] = [[] for _ in candidates]
+    feed = list(candidates)
+    row = allocate_bitmask(session.compiled.vocab_size)
+    for _ in range(d):
+        if all(s.finished for s in states):
+            break
+        logits, cache = _batched_pass(runner, cache, feed)
+        for i in range(len(candidates)):
+            if states[i].finished:
+                feed[i] = vocab.eos_token_id
+                continue
+            states[i].fill_mask(row)
+            choice = apply_bitmask(logits[i].clone(), row)
+            if not torch.isfinite(choice).any():
+                states[i].finished = True
+                feed[i] = vocab.eos_token_id
+                continue
+            token = int(torch.argmax(choice))
+            states[i].advance(token)
+            rollouts[i].append(token)
+            feed[i] = token
+    return rollouts, [state_ended(s, session.compiled) for s in states]
+
+
+@torch.inference_mode()
+def _batched_pass(runner: ModelRunner, cache: Any, feed: list[int]) -> tuple[torch.Tensor, Any]:
+    """One token per row through ``runner``'s model on a batched copy of its cache (counted)."""
+    start = time.perf_counter()
+    out = runner.model(input_ids=torch.tensor(feed).unsqueeze(1), past_key_values=cache, use_cache=True)
+    runner.passes += 1
+    runner.positions += len(feed)
+    runner.seconds += time.perf_counter() - start
+    return out.logits[:, -1].float(), out.past_key_values
+
+
+class RolloutDraft:
+    """A draft that looks ahead like CDLH, at draft cost: the draft's top-k masked tokens and the
+    first tokens of the reward's suggested words are each continued by a greedy draft roll-out
+    (one batched draft pass per position), and the best by ``log q + lam * reward(text with
+    candidate and roll-out)`` becomes the lookahead, candidate plus roll-out.
+
+    The target then verifies the roll-out in one pass (CDSL), instead of running its own roll-outs
+    as CDLH does. The candidate is marked steered when it is not the draft's first choice.
+    """
+
+    name = "rollout-draft"
+
+    def __init__(self, runner: ModelRunner, reward: Reward | Any, k: int = 5, lam: float = 5.0,
+                 optimism: float = 0.5, suggest: bool = True) -> None:
+        _check_unit("optimism", optimism)
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        if lam < 0:
+            raise ValueError(f"lam must be >= 0, got {lam}")
+        self.runner, self.reward, self.k, self.lam = runner, as_reward(reward), k, lam
+        self.optimism, self.suggest = optimism, suggest
+        self._words = SuggestedWords(self.reward)
+
+    def propose(self, session: Session, proposal: Proposal, budget: int) -> None:
+        runner, stats = self.runner, session.stats
+        passes, positions, seconds = runner.passes, runner.positions, runner.seconds
+        sequence = session.sequence + proposal.tokens
+        logits = runner.run(sequence, keep=1)[-1]
+        mask = session.current_mask()
+        logp = torch.log_softmax(masked_logits(logits, mask), dim=-1)
+        finite = int(torch.isfinite(logp).sum())
+        if finite:
+            top = [int(t) for t in torch.topk(logp, min(self.k, finite)).indices]
+            prefix = session.output + proposal.tokens
+            candidates = top if self.lam > 0 else top[:1]
+            if self.suggest and self.lam > 0:
+                firsts = [word[0] for word in self._words.fitting(session, prefix, logp, budget)]
+                candidates = list(dict.fromkeys(top + firsts))
+            rollouts, ended = greedy_rollouts(session, runner, sequence, candidates, budget - 1)
+            best = max(range(len(candidates)), key=lambda i: float(logp[candidates[i]]) + self.lam * optimistic_reward(
+                self.reward, session.text_of(prefix + [candidates[i]] + rollouts[i]), ended[i], self.optimism))
+            chosen = [candidates[best]] + rollouts[best]
+            for i, token in enumerate(chosen):
+                proposal.masks.append(mask if i == 0 else session.current_mask())
+                if i == 0 and token != top[0]:
+                    proposal.steered.add(len(proposal.tokens))
+                session.speculate(proposal, token, None)
+                if session.state.finished:
+                    break
+        stats.draft_passes += runner.passes - passes
+        stats.draft_positions += runner.positions - positions
+        stats.draft_seconds += runner.seconds - seconds
+
+
+class SuggestedWords:
+    """The token sequences of a reward's suggested words, each encoded once."""
+
+    def __init__(self, reward: Reward) -> None:
+        self.reward = reward
+        self._encoded: dict[str, list[int]] = {}
+
+    def fitting(self, session: Session, prefix: list[int], logp: torch.Tensor, room: int) -> list[list[int]]:
+        """The suggested words (after a space, or as they are and capitalised at the start) that
+        the constraint allows after ``prefix`` within ``room`` tokens; ``logp`` is the masked
+        distribution at that position."""
+        text = session.text_of(prefix)
+        spellings = []
+        for word in self.reward.suggestions(text):
+            spellings.append(" " + word)
+            if not text or text[-1].isspace():
+                spellings += [word, word.capitalize()]
+        found = []
+        for spelling in spellings:
+            if spelling not in self._encoded:
+                self._encoded[spelling] = session.compiled.vocabulary.encode(spelling)
+            tokens = self._encoded[spelling]
+            if (tokens and len(tokens) <= room and torch.isfinite(logp[tokens[0]])
+                    and session.state.validate(tokens) == len(tokens)):
+                found.append(tokens)
+        return found
 
 
 class GuidedDraft:
@@ -151,7 +236,7 @@ class GuidedDraft:
 
     name = "guided-draft"
 
-    def __init__(self, runner: ModelRunner, reward: Reward | Any, k: int = 5, lam: float = 5.0,
+    def __init__(self, runner: ModelRunner, reward: Reward | Any, k: int = 5, lam: float = 20.0,
                  optimism: float = 0.5, suggest: bool = True) -> None:
         _check_unit("optimism", optimism)
         if k < 1:
@@ -160,7 +245,7 @@ class GuidedDraft:
             raise ValueError(f"lam must be >= 0, got {lam}")
         self.runner, self.reward, self.k, self.lam = runner, as_reward(reward), k, lam
         self.optimism, self.suggest = optimism, suggest
-        self._encoded: dict[str, list[int]] = {}
+        self._words = SuggestedWords(self.reward)
 
     def propose(self, session: Session, proposal: Proposal, budget: int) -> None:
         end = len(proposal.tokens) + budget
@@ -181,7 +266,7 @@ class GuidedDraft:
                 prefix = session.output + proposal.tokens
                 candidates = [[int(t)] for t in top.indices]
                 if self.suggest:
-                    candidates += self._suggested(session, prefix, logp, end - len(proposal.tokens))
+                    candidates += self._words.fitting(session, prefix, logp, end - len(proposal.tokens))
                 chosen = max(candidates, key=lambda c: float(logp[c[0]]) + self.lam * optimistic_reward(
                     self.reward, session.text_of(prefix + c), output_ended(session, c), self.optimism))
             steered = chosen[0] != int(top.indices[0]) or len(chosen) > 1
@@ -192,24 +277,6 @@ class GuidedDraft:
                 session.speculate(proposal, token, None)
                 if session.state.finished:
                     return
-
-    def _suggested(self, session: Session, prefix: list[int], logp: torch.Tensor, room: int) -> list[list[int]]:
-        """The token sequences of the reward's suggested words that fit here and in ``room``."""
-        text = session.text_of(prefix)
-        spellings = []
-        for word in self.reward.suggestions(text):
-            spellings.append(" " + word)
-            if not text or text[-1].isspace():
-                spellings += [word, word.capitalize()]
-        found = []
-        for spelling in spellings:
-            if spelling not in self._encoded:
-                self._encoded[spelling] = session.compiled.vocabulary.encode(spelling)
-            tokens = self._encoded[spelling]
-            if (tokens and len(tokens) <= room and torch.isfinite(logp[tokens[0]])
-                    and session.state.validate(tokens) == len(tokens)):
-                found.append(tokens)
-        return found
 
 
 @dataclass
@@ -222,15 +289,20 @@ class CDSL:
     ``u < p/q`` under sampling); ``r`` is the reward of the text with the lookahead. The four
     states and what each commits:
 
-    - ``accept`` (a >= a_t, r >= r_t): the whole lookahead (``commit="lookahead"``, so tokens
-      that carry the reward survive though the target would not have written them first) plus
-      the target's next token when it does not end the output; or only the agreed prefix and
-      the target's correction (``commit="prefix"``, lossless speculation).
+    - ``accept`` (a >= a_t, r >= r_t): with ``commit="steered"`` (default) the lookahead up to
+      the first token that is neither agreed by the target nor chosen by the reward-guided draft
+      over its own first choice (so a keyword the target would not have written first survives,
+      while the draft's own wording is held to the target's), then the target's next token when
+      it does not end the output; ``"lookahead"`` keeps the whole lookahead; ``"prefix"`` only
+      the agreed prefix and the target's correction (lossless speculation).
     - ``reject_acceptance`` (r passes, a fails): the agreed prefix and the target's correction,
       exactly what lossless speculative decoding commits; no extra pass.
     - ``reject_reward`` / ``reject_both``: the reward failed, so the target decides with a CDLH
       step (``fallback="cdlh"``) or its own token (``"target"``). With ``reward_on="ending"``
       the agreed tokens before the premature ending are kept and the fallback chooses there.
+
+    The defaults (d 4, a_t 0.5, r_t 0.99 on endings, steered commits, a ``GuidedDraft`` with
+    lam 20 around a bare draft runner) come from the CommonGen sweep in BENCHMARKS.md.
     """
 
     draft: Proposer | ModelRunner
@@ -238,13 +310,13 @@ class CDSL:
     reward: Reward | Any
     d: int = 4
     acceptance_threshold: float = 0.5
-    reward_threshold: float = 0.0
+    reward_threshold: float = 0.99
     fallback: str = "cdlh"
-    reward_on: str = "text"
+    reward_on: str = "ending"
     """``"text"``: r scores the text with the lookahead. ``"ending"``: r scores it as final text
     only when the lookahead ends the output, and is 1 otherwise (an unfinished text may still
     earn its reward, so only a premature ending is rejected)."""
-    commit: str = "lookahead"
+    commit: str = "steered"
     cdlh: CDLH | None = None
     states: Counter = field(default_factory=Counter)
 
@@ -289,10 +361,9 @@ class CDSL:
             "reject_acceptance" if passed_r else ("reject_reward" if passed_a else "reject_both"))
         self.states[state] += 1
         session.stats.accepted += accepted
-        if state == "accept" and self.commit != "prefix" and drafted:
-            kept = drafted
-            if self.commit == "steered":
-                kept = next((i for i in range(drafted) if not agrees[i] and i not in proposal.steered), drafted)
+        kept = drafted if self.commit == "lookahead" else next(
+            (i for i in range(drafted) if not agrees[i] and i not in proposal.steered), drafted)
+        if state == "accept" and self.commit != "prefix" and kept:
             session.state.rollback(drafted - kept)
             session.output.extend(tokens[:kept])
             return tokens[:kept] + self._target_token(session, logits[kept], proposal.masks[kept])

@@ -56,12 +56,12 @@ def test_cdsl_with_thresholds_zero_is_lossless_speculation(setup):
 def test_cdsl_keeps_whole_accepted_lookaheads_and_verified_prefixes(setup):
     compiled, target, draft = setup
     draft_only = decode(draft.runner, compiled, PROMPT, max_tokens=8)
-    keep_all = CDSL(draft, likes_h, d=8, acceptance_threshold=0.0, reward_threshold=0.0)
+    keep_all = CDSL(draft, likes_h, d=8, acceptance_threshold=0.0, reward_threshold=0.0, commit="lookahead")
     result = decode(target, compiled, PROMPT, max_tokens=8, strategy=keep_all)
     assert result.tokens[:len(draft_only.tokens) - 1] == draft_only.tokens[:-1]  # the draft's own text
     assert result.stats.target_passes <= 3
     # a_t = 1 and a draft that disagrees: only verified prefixes plus target tokens, i.e. the target's text
-    strict = CDSL(draft, likes_h, d=3, acceptance_threshold=1.0, reward_threshold=0.0)
+    strict = CDSL(draft, likes_h, d=3, acceptance_threshold=1.0, reward_threshold=0.0, commit="lookahead")
     plain = decode(target, compiled, PROMPT, max_tokens=8)
     assert decode(target, compiled, PROMPT, max_tokens=8, strategy=strict).tokens == plain.tokens
 
@@ -74,6 +74,7 @@ def test_guided_draft_picks_reward_carrying_tokens(setup):
     steered = decode(draft.runner, compiled, PROMPT, max_tokens=8, strategy=cdsl)
     assert re.fullmatch(PATTERN, steered.text)
     assert likes_h(steered.text) > likes_h(plain.text)
+    assert isinstance(CDSL(draft.runner, likes_h).draft, GuidedDraft)  # a bare draft model is reward-guided
     with pytest.raises(ValueError, match="k must be"):
         GuidedDraft(draft.runner, likes_h, k=0)
     with pytest.raises(ValueError, match="lam must be"):
