@@ -128,6 +128,8 @@ def _commongen_arguments(gen: argparse.ArgumentParser) -> None:
                           f"(default {c.draft_policy})")
     gen.add_argument("--draft-lam", type=float, default=c.draft_lam,
                      help=f"CDSL draft: reward weight among its candidates, 0 = plain greedy (default {c.draft_lam})")
+    gen.add_argument("--stop-below", type=float, default=c.stop_below,
+                     help=f"CDSL draft: end a lookahead after an unsure own token (default p < {c.stop_below})")
     gen.add_argument("--no-suggest", dest="suggest", action="store_false",
                      help="CDSL draft: weigh only its own top-k, not the reward's suggested words")
     gen.add_argument("--json", dest="json_out")
@@ -142,7 +144,7 @@ def _commongen(args: argparse.Namespace) -> int:
         k=args.k, d=args.d, lam=args.lam, optimism=args.optimism, cdsl_d=args.cdsl_d,
         acceptance_threshold=args.a_t, reward_threshold=args.r_t, fallback=args.fallback,
         reward_on=args.reward_on, commit=args.commit, draft=args.draft, draft_policy=args.draft_policy,
-        draft_lam=args.draft_lam, suggest=args.suggest,
+        draft_lam=args.draft_lam, suggest=args.suggest, stop_below=args.stop_below,
     )
     report = run_commongen(args.data, config, progress=not args.no_progress)
     report["summary"] = {}

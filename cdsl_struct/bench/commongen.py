@@ -38,7 +38,7 @@ class CommonGenConfig:
     d: int = 3
     lam: float = 5.0
     optimism: float = 0.5
-    cdsl_d: int = 4
+    cdsl_d: int = 6
     acceptance_threshold: float = 0.5
     reward_threshold: float = 0.99
     fallback: str = "cdlh"
@@ -47,6 +47,7 @@ class CommonGenConfig:
     draft_lam: float = 20.0
     suggest: bool = True
     draft_policy: str = "guided"
+    stop_below: float = 0.5
     draft: str = "int8"
     model: str = "smollm2"
 
@@ -105,9 +106,12 @@ def _strategy(method: str, reward: KeywordCoverage, draft_runner: ModelRunner, c
     if method == "cdlh":
         return cdlh
     if method == "cdsl":
-        policy = {"guided": GuidedDraft, "rollout": RolloutDraft}[config.draft_policy]
-        draft = policy(draft_runner, reward, k=config.k, lam=config.draft_lam, optimism=config.optimism,
-                       suggest=config.suggest)
+        if config.draft_policy == "rollout":
+            draft = RolloutDraft(draft_runner, reward, k=config.k, lam=config.draft_lam, optimism=config.optimism,
+                                 suggest=config.suggest)
+        else:
+            draft = GuidedDraft(draft_runner, reward, k=config.k, lam=config.draft_lam, optimism=config.optimism,
+                                suggest=config.suggest, stop_below=config.stop_below)
         return CDSL(draft, reward, d=config.cdsl_d, acceptance_threshold=config.acceptance_threshold,
                     reward_threshold=config.reward_threshold, fallback=config.fallback, cdlh=cdlh,
                     reward_on=config.reward_on, commit=config.commit)

@@ -16,6 +16,7 @@ masked distributions and advance the one constraint state) and count what they c
 from __future__ import annotations
 
 import copy
+import math
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -49,7 +50,8 @@ class CDLH:
     lam: float = 5.0
     optimism: float = 0.5
     """Credit an unfinished roll-out with this share of the reward it may still earn,
-    ``r + optimism * (1 - r)``, so that ending early with the reward unmet scores lower."""
+    ``r + optimism * (1 - r)`` (times the share of the token budget left), so that ending early
+    with the reward unmet scores lower."""
 
     def __post_init__(self) -> None:
         _check_unit("optimism", self.optimism)
@@ -75,8 +77,8 @@ class CDLH:
         rollouts, ended = self._rollouts(session, candidates)
         best, best_score = candidates[0], -float("inf")
         for candidate, lp, rollout, end in zip(candidates, top.values.tolist(), rollouts, ended, strict=True):
-            text = session.text_of(session.output + [candidate] + rollout)
-            score = lp + self.lam * optimistic_reward(self.reward, text, end, self.optimism)
+            tokens = session.output + [candidate] + rollout
+            score = lp + self.lam * optimistic_reward(session, self.reward, tokens, end, self.optimism)
             if score > best_score:
                 best, best_score = candidate, score
         state.advance(best)
@@ -179,7 +181,7 @@ class RolloutDraft:
                 candidates = list(dict.fromkeys(top + firsts))
             rollouts, ended = greedy_rollouts(session, runner, sequence, candidates, budget - 1)
             best = max(range(len(candidates)), key=lambda i: float(logp[candidates[i]]) + self.lam * optimistic_reward(
-                self.reward, session.text_of(prefix + [candidates[i]] + rollouts[i]), ended[i], self.optimism))
+                session, self.reward, prefix + [candidates[i]] + rollouts[i], ended[i], self.optimism))
             chosen = [candidates[best]] + rollouts[best]
             for i, token in enumerate(chosen):
                 proposal.masks.append(mask if i == 0 else session.current_mask())
@@ -231,20 +233,23 @@ class GuidedDraft:
     or not among its top-k at all, as CDLH needs), which the target then verifies. A suggested
     word is written whole (all its tokens) and only where the constraint allows it. A candidate
     that does not end the output is credited ``optimism`` of the reward it may still earn, as in
-    CDLH. ``lam = 0`` is the plain greedy draft.
+    CDLH. ``lam = 0`` is the plain greedy draft. The lookahead stops early after a token of the
+    draft's own whose probability is below ``stop_below`` (the target is then likely to disagree,
+    and drafting further would be wasted).
     """
 
     name = "guided-draft"
 
     def __init__(self, runner: ModelRunner, reward: Reward | Any, k: int = 5, lam: float = 20.0,
-                 optimism: float = 0.5, suggest: bool = True) -> None:
+                 optimism: float = 0.5, suggest: bool = True, stop_below: float = 0.5) -> None:
         _check_unit("optimism", optimism)
+        _check_unit("stop_below", stop_below)
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         if lam < 0:
             raise ValueError(f"lam must be >= 0, got {lam}")
         self.runner, self.reward, self.k, self.lam = runner, as_reward(reward), k, lam
-        self.optimism, self.suggest = optimism, suggest
+        self.optimism, self.suggest, self.stop_below = optimism, suggest, stop_below
         self._words = SuggestedWords(self.reward)
 
     def propose(self, session: Session, proposal: Proposal, budget: int) -> None:
@@ -268,7 +273,7 @@ class GuidedDraft:
                 if self.suggest:
                     candidates += self._words.fitting(session, prefix, logp, end - len(proposal.tokens))
                 chosen = max(candidates, key=lambda c: float(logp[c[0]]) + self.lam * optimistic_reward(
-                    self.reward, session.text_of(prefix + c), output_ended(session, c), self.optimism))
+                    session, self.reward, prefix + c, output_ended(session, c), self.optimism))
             steered = chosen[0] != int(top.indices[0]) or len(chosen) > 1
             for i, token in enumerate(chosen):
                 proposal.masks.append(mask if i == 0 else session.current_mask())
@@ -277,6 +282,8 @@ class GuidedDraft:
                 session.speculate(proposal, token, None)
                 if session.state.finished:
                     return
+            if not steered and math.exp(float(logp[chosen[0]])) < self.stop_below:
+                return
 
 
 @dataclass
@@ -301,14 +308,15 @@ class CDSL:
       step (``fallback="cdlh"``) or its own token (``"target"``). With ``reward_on="ending"``
       the agreed tokens before the premature ending are kept and the fallback chooses there.
 
-    The defaults (d 4, a_t 0.5, r_t 0.99 on endings, steered commits, a ``GuidedDraft`` with
-    lam 20 around a bare draft runner) come from the CommonGen sweep in BENCHMARKS.md.
+    The defaults (d 6, a_t 0.5, r_t 0.99 on endings, steered commits, a ``GuidedDraft`` with
+    lam 20 and stop_below 0.5 around a bare draft runner) come from the CommonGen sweep in
+    BENCHMARKS.md.
     """
 
     draft: Proposer | ModelRunner
     """A proposer, or a draft model's runner, which is then guided by the reward (``GuidedDraft``)."""
     reward: Reward | Any
-    d: int = 4
+    d: int = 6
     acceptance_threshold: float = 0.5
     reward_threshold: float = 0.99
     fallback: str = "cdlh"
@@ -441,10 +449,15 @@ def output_ended(session: Session, tokens: int | Sequence[int]) -> bool:
         session.state.rollback(len(tokens))
 
 
-def optimistic_reward(reward: Reward, text: str, ended: bool, optimism: float) -> float:
-    """The reward of ``text``; unfinished text is credited ``optimism`` of what it may still earn."""
-    score = reward(text, final=ended)
-    return score if ended else score + optimism * (1.0 - score)
+def optimistic_reward(session: Session, reward: Reward, tokens: list[int], ended: bool, optimism: float) -> float:
+    """The reward of the output ``tokens``. Unfinished, it is credited ``optimism`` of what it may
+    still earn, scaled by the share of ``max_tokens`` left after it: with no room left there is
+    nothing more to earn, so an output near its budget is no longer kept from ending."""
+    score = reward(session.text_of(tokens), final=ended)
+    if ended:
+        return score
+    left = max(session.max_tokens - len(tokens), 0) / session.max_tokens if session.max_tokens > 0 else 1.0
+    return score + optimism * left * (1.0 - score)
 
 
 def _closing_index(session: Session, tokens: list[int]) -> int:

@@ -6,7 +6,7 @@ import pytest
 
 from cdsl_struct import Regex, compile
 from cdsl_struct.decoding import DraftModelProposer, decode
-from cdsl_struct.decoding.lookahead import CDLH, CDSL, CDSL_STATES, GuidedDraft
+from cdsl_struct.decoding.lookahead import CDLH, CDSL, CDSL_STATES, GuidedDraft, optimistic_reward
 from cdsl_struct.models.runner import ModelRunner
 from cdsl_struct.rewards import CallableReward, Reward, RewardError
 from tests.decoding.test_mechanics_tiny import PROMPT, letters_vocab, tiny_model
@@ -155,3 +155,33 @@ def test_optimism_is_checked_and_prefers_unfinished_rollouts(setup):
     hasty = decode(target, compiled, PROMPT, max_tokens=8, strategy=CDLH(unmet, k=9, d=1, lam=50.0, optimism=0.0))
     patient = decode(target, compiled, PROMPT, max_tokens=8, strategy=CDLH(unmet, k=9, d=1, lam=50.0, optimism=1.0))
     assert len(patient.text) >= len(hasty.text) and re.fullmatch(PATTERN, patient.text)
+
+
+def test_guided_draft_stops_after_an_unsure_token(setup):
+    compiled, target, draft = setup
+    counts = {}
+    for stop_below in (0.0, 1.0):  # 1.0: every token of the draft's own is unsure
+        guided = GuidedDraft(draft.runner, likes_h, lam=0.0, stop_below=stop_below)
+        cdsl = CDSL(guided, likes_h, d=4, acceptance_threshold=0.0, reward_threshold=0.0)
+        result = decode(target, compiled, PROMPT, max_tokens=8, strategy=cdsl)
+        assert re.fullmatch(PATTERN, result.text)
+        counts[stop_below] = (result.stats.draft_passes, sum(cdsl.states.values()))
+    assert counts[1.0][0] <= counts[1.0][1]  # at most one drafted token per step
+    assert counts[0.0][0] > counts[0.0][1]
+    with pytest.raises(ValueError, match="stop_below"):
+        GuidedDraft(draft.runner, likes_h, stop_below=1.5)
+
+
+def test_optimism_fades_with_the_token_budget():
+    class Budget:
+        max_tokens = 10
+
+        @staticmethod
+        def text_of(tokens):
+            return "x" * len(tokens)
+
+    half = CallableReward(lambda text: 0.5, name="half")
+    assert optimistic_reward(Budget, half, [], ended=False, optimism=1.0) == 1.0  # all the budget left
+    assert optimistic_reward(Budget, half, [1] * 5, ended=False, optimism=1.0) == 0.75
+    assert optimistic_reward(Budget, half, [1] * 10, ended=False, optimism=1.0) == 0.5  # nothing left to earn
+    assert optimistic_reward(Budget, half, [1], ended=True, optimism=1.0) == 0.5  # finished: the reward as is
