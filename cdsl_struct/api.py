@@ -270,7 +270,7 @@ class Generator:
         return None
 
     def _cdsl_draft_runner(self) -> ModelRunner:
-        """The draft model CDSL steers by the reward (its lookahead policy is CDSL's default)."""
+        """The draft model CDSL steers by the reward (CDSL wraps it in a ``GuidedDraft``)."""
         if self._cdsl_draft is None:
             model = self_draft(self.loaded.model, CDSL_SELF_DRAFT)
             self._cdsl_draft = ModelRunner(model, name=CDSL_SELF_DRAFT)

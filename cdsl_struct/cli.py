@@ -123,9 +123,6 @@ def _commongen_arguments(gen: argparse.ArgumentParser) -> None:
                      help="CDSL accept: the whole lookahead, its agreed and reward-chosen tokens, or its agreed "
                           f"prefix (default {c.commit})")
     gen.add_argument("--draft", default=c.draft, help=f"CDSL draft: bf16, int8 or layers:N (default {c.draft})")
-    gen.add_argument("--draft-policy", default=c.draft_policy, choices=["guided", "rollout"],
-                     help="CDSL draft: one-word reward lookahead per token, or CDLH-style draft roll-outs "
-                          f"(default {c.draft_policy})")
     gen.add_argument("--draft-lam", type=float, default=c.draft_lam,
                      help=f"CDSL draft: reward weight among its candidates, 0 = plain greedy (default {c.draft_lam})")
     gen.add_argument("--stop-below", type=float, default=c.stop_below,
@@ -143,7 +140,7 @@ def _commongen(args: argparse.Namespace) -> int:
         limit=args.limit, seed=args.seed, methods=tuple(args.methods.split(",")), max_tokens=args.max_tokens,
         k=args.k, d=args.d, lam=args.lam, optimism=args.optimism, cdsl_d=args.cdsl_d,
         acceptance_threshold=args.a_t, reward_threshold=args.r_t, fallback=args.fallback,
-        reward_on=args.reward_on, commit=args.commit, draft=args.draft, draft_policy=args.draft_policy,
+        reward_on=args.reward_on, commit=args.commit, draft=args.draft,
         draft_lam=args.draft_lam, suggest=args.suggest, stop_below=args.stop_below,
     )
     report = run_commongen(args.data, config, progress=not args.no_progress)

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..constraints import Regex, compile
 from ..decoding import decode
-from ..decoding.lookahead import CDLH, CDSL, CDSL_STATES, GuidedDraft, RolloutDraft
+from ..decoding.lookahead import CDLH, CDSL, CDSL_STATES, GuidedDraft
 from ..models.loading import load_model
 from ..models.runner import ModelRunner, self_draft
 from ..rewards import KeywordCoverage
@@ -46,7 +46,6 @@ class CommonGenConfig:
     commit: str = "steered"
     draft_lam: float = 20.0
     suggest: bool = True
-    draft_policy: str = "guided"
     stop_below: float = 0.5
     draft: str = "int8"
     model: str = "smollm2"
@@ -106,12 +105,8 @@ def _strategy(method: str, reward: KeywordCoverage, draft_runner: ModelRunner, c
     if method == "cdlh":
         return cdlh
     if method == "cdsl":
-        if config.draft_policy == "rollout":
-            draft = RolloutDraft(draft_runner, reward, k=config.k, lam=config.draft_lam, optimism=config.optimism,
-                                 suggest=config.suggest)
-        else:
-            draft = GuidedDraft(draft_runner, reward, k=config.k, lam=config.draft_lam, optimism=config.optimism,
-                                suggest=config.suggest, stop_below=config.stop_below)
+        draft = GuidedDraft(draft_runner, reward, k=config.k, lam=config.draft_lam, optimism=config.optimism,
+                            suggest=config.suggest, stop_below=config.stop_below)
         return CDSL(draft, reward, d=config.cdsl_d, acceptance_threshold=config.acceptance_threshold,
                     reward_threshold=config.reward_threshold, fallback=config.fallback, cdlh=cdlh,
                     reward_on=config.reward_on, commit=config.commit)

@@ -11,6 +11,8 @@ masked distributions and advance the one constraint state) and count what they c
   it (acceptance ``a``: the fraction the target's greedy choice agrees with) and the reward
   scores the text with the lookahead (``r``). ``a >= a_t`` and ``r >= r_t``: keep the verified
   lookahead; otherwise fall back to the target (a CDLH step, or one target token).
+- ``GuidedDraft``: CDSL's default draft policy, a draft model that weighs the reward (and the
+  words it suggests) when it picks each token, so that lookaheads carry the reward.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ class CDLH:
             return []
         top = torch.topk(logp, min(self.k, finite))
         candidates = [int(t) for t in top.indices]
-        rollouts, ended = self._rollouts(session, candidates)
+        rollouts, ended = greedy_rollouts(session, session.target, session.sequence, candidates, self.d)
         best, best_score = candidates[0], -float("inf")
         for candidate, lp, rollout, end in zip(candidates, top.values.tolist(), rollouts, ended, strict=True):
             tokens = session.output + [candidate] + rollout
@@ -84,9 +86,6 @@ class CDLH:
         state.advance(best)
         session.output.append(best)
         return [best]
-
-    def _rollouts(self, session: Session, candidates: list[int]) -> tuple[list[list[int]], list[bool]]:
-        return greedy_rollouts(session, session.target, session.sequence, candidates, self.d)
 
 
 def greedy_rollouts(session: Session, runner: ModelRunner, sequence: list[int], candidates: list[int],
@@ -139,60 +138,6 @@ def _batched_pass(runner: ModelRunner, cache: Any, feed: list[int]) -> tuple[tor
     runner.positions += len(feed)
     runner.seconds += time.perf_counter() - start
     return out.logits[:, -1].float(), out.past_key_values
-
-
-class RolloutDraft:
-    """A draft that looks ahead like CDLH, at draft cost: the draft's top-k masked tokens and the
-    first tokens of the reward's suggested words are each continued by a greedy draft roll-out
-    (one batched draft pass per position), and the best by ``log q + lam * reward(text with
-    candidate and roll-out)`` becomes the lookahead, candidate plus roll-out.
-
-    The target then verifies the roll-out in one pass (CDSL), instead of running its own roll-outs
-    as CDLH does. The candidate is marked steered when it is not the draft's first choice.
-    """
-
-    name = "rollout-draft"
-
-    def __init__(self, runner: ModelRunner, reward: Reward | Any, k: int = 5, lam: float = 5.0,
-                 optimism: float = 0.5, suggest: bool = True) -> None:
-        _check_unit("optimism", optimism)
-        if k < 1:
-            raise ValueError(f"k must be >= 1, got {k}")
-        if lam < 0:
-            raise ValueError(f"lam must be >= 0, got {lam}")
-        self.runner, self.reward, self.k, self.lam = runner, as_reward(reward), k, lam
-        self.optimism, self.suggest = optimism, suggest
-        self._words = SuggestedWords(self.reward)
-
-    def propose(self, session: Session, proposal: Proposal, budget: int) -> None:
-        runner, stats = self.runner, session.stats
-        passes, positions, seconds = runner.passes, runner.positions, runner.seconds
-        sequence = session.sequence + proposal.tokens
-        logits = runner.run(sequence, keep=1)[-1]
-        mask = session.current_mask()
-        logp = torch.log_softmax(masked_logits(logits, mask), dim=-1)
-        finite = int(torch.isfinite(logp).sum())
-        if finite:
-            top = [int(t) for t in torch.topk(logp, min(self.k, finite)).indices]
-            prefix = session.output + proposal.tokens
-            candidates = top if self.lam > 0 else top[:1]
-            if self.suggest and self.lam > 0:
-                firsts = [word[0] for word in self._words.fitting(session, prefix, logp, budget)]
-                candidates = list(dict.fromkeys(top + firsts))
-            rollouts, ended = greedy_rollouts(session, runner, sequence, candidates, budget - 1)
-            best = max(range(len(candidates)), key=lambda i: float(logp[candidates[i]]) + self.lam * optimistic_reward(
-                session, self.reward, prefix + [candidates[i]] + rollouts[i], ended[i], self.optimism))
-            chosen = [candidates[best]] + rollouts[best]
-            for i, token in enumerate(chosen):
-                proposal.masks.append(mask if i == 0 else session.current_mask())
-                if i == 0 and token != top[0]:
-                    proposal.steered.add(len(proposal.tokens))
-                session.speculate(proposal, token, None)
-                if session.state.finished:
-                    break
-        stats.draft_passes += runner.passes - passes
-        stats.draft_positions += runner.positions - positions
-        stats.draft_seconds += runner.seconds - seconds
 
 
 class SuggestedWords:
