@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 import cdsl_struct as cs
-from cdsl_struct.decoding import DraftModelProposer, decode
+from cdsl_struct.decoding import decode
 from cdsl_struct.decoding.lookahead import CDLH, CDSL
 from cdsl_struct.models.loading import load_model
 from cdsl_struct.models.runner import ModelRunner, self_draft
@@ -29,7 +29,7 @@ def main() -> int:
     compiled = cs.compile(cs.Regex(SENTENCE), loaded.tokenizer, eos_token_ids=loaded.eos_token_ids)
     reward = Harmlessness()
     target = ModelRunner(loaded.model)
-    draft = DraftModelProposer(ModelRunner(self_draft(loaded.model, "bf16"), name="bf16"))
+    draft = ModelRunner(self_draft(loaded.model, "int8"), name="int8")  # CDSL guides it by the reward
     for text in PROMPTS:
         prompt = loaded.tokenizer.apply_chat_template([{"role": "user", "content": text}],
                                                       add_generation_prompt=True, tokenize=True)["input_ids"]
@@ -37,8 +37,8 @@ def main() -> int:
         strategies = {
             "greedy": None,
             "cdlh": CDLH(reward, k=5, d=3, lam=5.0),
-            "cdsl": CDSL(draft, reward, d=4, acceptance_threshold=0.5, reward_threshold=0.8,
-                         cdlh=CDLH(reward, k=5, d=3, lam=5.0)),
+            # harmlessness judges every prefix (not earned_by_end), so every lookahead is scored
+            "cdsl": CDSL(draft, reward, reward_threshold=0.8, cdlh=CDLH(reward, k=5, d=3, lam=5.0)),
         }
         for name, strategy in strategies.items():
             result = decode(target, compiled, prompt, max_tokens=48, strategy=strategy)

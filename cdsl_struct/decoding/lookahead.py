@@ -253,9 +253,10 @@ class CDSL:
       step (``fallback="cdlh"``) or its own token (``"target"``). With ``reward_on="ending"``
       the agreed tokens before the premature ending are kept and the fallback chooses there.
 
-    The defaults (d 6, a_t 0.5, r_t 0.99 on endings, steered commits, a ``GuidedDraft`` with
-    lam 20 and stop_below 0.5 around a bare draft runner) come from the CommonGen sweep in
-    BENCHMARKS.md.
+    The defaults (d 6, a_t 0.5, r_t 0.99, steered commits, a ``GuidedDraft`` with lam 20 and
+    stop_below 0.5 around a bare draft runner) come from the CommonGen sweep in BENCHMARKS.md,
+    whose keyword reward is judged on endings; a reward judged on every prefix (``"text"``)
+    usually wants a lower ``reward_threshold`` (0.99 sends most steps to the fallback).
     """
 
     draft: Proposer | ModelRunner
@@ -265,10 +266,12 @@ class CDSL:
     acceptance_threshold: float = 0.5
     reward_threshold: float = 0.99
     fallback: str = "cdlh"
-    reward_on: str = "ending"
-    """``"text"``: r scores the text with the lookahead. ``"ending"``: r scores it as final text
-    only when the lookahead ends the output, and is 1 otherwise (an unfinished text may still
-    earn its reward, so only a premature ending is rejected)."""
+    reward_on: str = "auto"
+    """``"text"``: r scores the text with the lookahead (for rewards that judge every prefix, such
+    as harmlessness). ``"ending"``: r scores it as final text only when the lookahead ends the
+    output, and is 1 otherwise (for rewards met by the end, such as keyword coverage: an
+    unfinished text may still earn its reward, so only a premature ending is rejected).
+    ``"auto"``: ``"ending"`` when the reward is ``earned_by_end``, else ``"text"``."""
     commit: str = "steered"
     cdlh: CDLH | None = None
     states: Counter = field(default_factory=Counter)
@@ -279,11 +282,13 @@ class CDSL:
         _check_unit("acceptance_threshold", self.acceptance_threshold)
         _check_unit("reward_threshold", self.reward_threshold)
         for name, value, allowed in (("fallback", self.fallback, ("cdlh", "target")),
-                                     ("reward_on", self.reward_on, ("text", "ending")),
+                                     ("reward_on", self.reward_on, ("auto", "text", "ending")),
                                      ("commit", self.commit, ("lookahead", "steered", "prefix"))):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
         self.reward = as_reward(self.reward)
+        if self.reward_on == "auto":
+            self.reward_on = "ending" if self.reward.earned_by_end else "text"
         if isinstance(self.draft, ModelRunner):
             self.draft = GuidedDraft(self.draft, self.reward)
         if self.cdlh is None:

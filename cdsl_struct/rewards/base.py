@@ -27,6 +27,12 @@ def checked_score(value: object, source: object = "reward") -> float:
 class Reward(ABC):
     """Scores text in [0, 1]. ``final`` says whether the text is the finished output."""
 
+    earned_by_end: bool = False
+    """True when unfinished text may still earn the reward later (keyword coverage, progress):
+    a low score on a prefix is no fault, only a premature ending is, so CDSL's ``reward_on="auto"``
+    judges only lookaheads that end the output. False (the default) when every prefix can be
+    judged as it stands (harmlessness)."""
+
     @abstractmethod
     def score(self, text: str, *, final: bool) -> float: ...
 
@@ -81,6 +87,10 @@ class WeightedMean(Reward):
     def suggestions(self, text: str) -> list[str]:
         return _merged_suggestions(self.rewards, text)
 
+    @property
+    def earned_by_end(self) -> bool:  # type: ignore[override]
+        return all(r.earned_by_end for r in self.rewards)
+
 
 class MinReward(Reward):
     """The lowest of several rewards: every one must be satisfied."""
@@ -95,6 +105,10 @@ class MinReward(Reward):
 
     def suggestions(self, text: str) -> list[str]:
         return _merged_suggestions(self.rewards, text)
+
+    @property
+    def earned_by_end(self) -> bool:  # type: ignore[override]
+        return all(r.earned_by_end for r in self.rewards)
 
 
 def _merged_suggestions(rewards: Sequence[Reward], text: str) -> list[str]:

@@ -36,6 +36,8 @@ class KeywordCoverage(Reward):
     Words may carry CommonGen part-of-speech tags (``field_N``, ``look_V``); the tag is dropped.
     """
 
+    earned_by_end = True
+
     def __init__(self, words: Iterable[str], mode: str = "soft") -> None:
         if mode not in ("soft", "hard"):
             raise ValueError(f"mode must be 'soft' or 'hard', got {mode!r}")

@@ -12,6 +12,8 @@ from .base import Reward
 class SchemaProgress(Reward):
     """Fraction of a JSON Schema's required top-level keys already written in the text."""
 
+    earned_by_end = True
+
     def __init__(self, schema: dict[str, Any]) -> None:
         self.keys = list(schema.get("required") or schema.get("properties") or [])
         if not self.keys:
@@ -24,6 +26,8 @@ class SchemaProgress(Reward):
 
 class RegexMatch(Reward):
     """1 when the regex is found in the text (``full=True``: the whole final text matches)."""
+
+    earned_by_end = True
 
     def __init__(self, pattern: str, full: bool = False) -> None:
         self.pattern = re.compile(pattern)

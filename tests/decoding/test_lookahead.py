@@ -8,7 +8,7 @@ from cdsl_struct import Regex, compile
 from cdsl_struct.decoding import DraftModelProposer, decode
 from cdsl_struct.decoding.lookahead import CDLH, CDSL, CDSL_STATES, GuidedDraft, optimistic_reward
 from cdsl_struct.models.runner import ModelRunner
-from cdsl_struct.rewards import CallableReward, Reward, RewardError
+from cdsl_struct.rewards import CallableReward, KeywordCoverage, Reward, RewardError
 from tests.decoding.test_mechanics_tiny import PROMPT, letters_vocab, tiny_model
 
 PATTERN = "[a-h]{2,6}"
@@ -124,6 +124,9 @@ def test_bad_parameters_are_clear_errors(setup):
         CDSL(draft, likes_h, fallback="beam")
     with pytest.raises(ValueError, match="reward_on"):
         CDSL(draft, likes_h, reward_on="tokens")
+    assert CDSL(draft, likes_h).reward_on == "text"  # a callable is judged on every prefix
+    assert CDSL(draft, WantsWord("hh")).reward_on == "text"
+    assert CDSL(draft, KeywordCoverage(["dog"])).reward_on == "ending"
     with pytest.raises(ValueError, match="commit"):
         CDSL(draft, likes_h, commit="all")
 

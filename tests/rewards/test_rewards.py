@@ -36,6 +36,15 @@ def test_keyword_coverage_suggests_the_forms_of_missing_words_only():
     assert len(merged) == len(set(merged)) and {"field", "stood", "looked"} <= set(merged)
 
 
+def test_which_rewards_are_earned_by_the_end():
+    coverage, harmless = KeywordCoverage(["dog"]), Harmlessness()
+    assert coverage.earned_by_end and SchemaProgress({"required": ["a"]}).earned_by_end
+    assert RegexMatch("x").earned_by_end and not harmless.earned_by_end
+    assert not CallableReward(lambda text: 1.0).earned_by_end  # unknown: judged on every prefix
+    assert MinReward([coverage, KeywordCoverage(["cat"])]).earned_by_end
+    assert not WeightedMean([coverage, harmless]).earned_by_end
+
+
 def test_keyword_coverage_hard_mode_and_word_boundaries():
     hard = KeywordCoverage(["dance", "kid"], mode="hard")
     assert hard("The kids danced.") == 1.0
