@@ -70,14 +70,17 @@ def allowed_tokens(row: Bitmask, vocab_size: int) -> list[int]:
 def apply_bitmask(logits: Any, row: Bitmask) -> Any:
     """Set disallowed logits to ``-inf`` in place (torch; last dimension is the vocabulary).
 
-    Logit columns past the mask (models often pad their vocabulary) are disallowed too.
+    ``row`` may be one mask row or a batch of rows (one per leading index of ``logits``); it is
+    copied to the logits' device packed and unpacked there. Logit columns past the mask (models
+    often pad their vocabulary) are disallowed too.
     """
     import torch
 
     words = row if isinstance(row, torch.Tensor) else torch.from_numpy(row)
-    bits = (words.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
-    allowed = bits.reshape(*words.shape[:-1], -1).bool()
+    words = words.to(logits.device, non_blocking=True)  # the packed words: 32x less to copy than a bool mask
+    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
+    allowed = ((words.unsqueeze(-1) >> shifts) & 1).reshape(*words.shape[:-1], -1).bool()
     width = min(allowed.shape[-1], logits.shape[-1])
     logits[..., width:] = float("-inf")
-    logits[..., :width].masked_fill_(~allowed[..., :width].to(logits.device), float("-inf"))
+    logits[..., :width].masked_fill_(~allowed[..., :width], float("-inf"))
     return logits

@@ -31,7 +31,7 @@ from ..constraints import CompiledConstraint, ConstraintState
 from ..constraints.mask import allocate_bitmask, allowed_tokens, apply_bitmask
 from ..models.runner import ModelRunner
 from ..rewards.base import Reward, as_reward
-from .loop import Proposal, Proposer, Session, forced_proposer, verify
+from .loop import Proposal, Proposer, Session, fill_deferred_masks, forced_proposer, mask_positions, verify
 from .sampling import choose, distribution, masked_logits
 
 CDSL_STATES = ("accept", "reject_acceptance", "reject_reward", "reject_both")
@@ -133,7 +133,8 @@ def greedy_rollouts(session: Session, runner: ModelRunner, sequence: list[int], 
 def _batched_pass(runner: ModelRunner, cache: Any, feed: list[int]) -> tuple[torch.Tensor, Any]:
     """One token per row through ``runner``'s model on a batched copy of its cache (counted)."""
     start = time.perf_counter()
-    out = runner.model(input_ids=torch.tensor(feed).unsqueeze(1), past_key_values=cache, use_cache=True)
+    out = runner.model(input_ids=torch.tensor(feed, device=runner.device).unsqueeze(1), past_key_values=cache,
+                       use_cache=True)
     runner.passes += 1
     runner.positions += len(feed)
     runner.seconds += time.perf_counter() - start
@@ -302,13 +303,15 @@ class CDSL:
             self._forced.propose(session, proposal, min(room, 32))
             if not session.state.finished and room - len(proposal.tokens) > 0:
                 self.draft.propose(session, proposal, min(self.d, room - len(proposal.tokens)))
-        proposal.masks.append(session.current_mask())
+        proposal.masks.append(None)
         session.stats.proposed += len(proposal.tokens)
         tokens, drafted = proposal.tokens, len(proposal.tokens)
         logits = session.target.run(session.sequence + tokens, keep=drafted + 1)
+        fill_deferred_masks(session, proposal)
+        masked = mask_positions(logits, proposal.masks)
         ends = state_ended(session.state, session.compiled)
-        accepted, extra = verify(session, proposal, logits)
-        agrees = [True] * accepted + [False] + self._judge(session, proposal, logits, start=accepted + 1)
+        accepted, extra = verify(session, proposal, masked)
+        agrees = [True] * accepted + [False] + self._judge(session, proposal, masked, start=accepted + 1)
         a = sum(agrees[:drafted]) / drafted if drafted else 1.0
         if self.reward_on == "ending" and not ends:
             r = 1.0
@@ -324,7 +327,7 @@ class CDSL:
         if state == "accept" and self.commit != "prefix" and kept:
             session.state.rollback(drafted - kept)
             session.output.extend(tokens[:kept])
-            return tokens[:kept] + self._target_token(session, logits[kept], proposal.masks[kept])
+            return tokens[:kept] + self._target_token(session, masked[kept])
         if passed_r:
             session.state.rollback(drafted - accepted)
             committed = tokens[:accepted] + ([] if extra is None else [extra])
@@ -336,18 +339,17 @@ class CDSL:
         session.state.rollback(drafted - keep)
         session.output.extend(tokens[:keep])
         if self.fallback == "target":
-            chosen = self._target_token(session, logits[keep], proposal.masks[keep], allow_ending=True)
+            chosen = self._target_token(session, masked[keep], allow_ending=True)
         else:
             chosen = self.cdlh(session, logits[keep])
         return tokens[:keep] + chosen
 
     @staticmethod
-    def _target_token(session: Session, logits: torch.Tensor, mask: torch.Tensor,
-                      allow_ending: bool = False) -> list[int]:
-        """Commit the target's own next token; unless ``allow_ending``, not one that ends the output."""
+    def _target_token(session: Session, choice: torch.Tensor, allow_ending: bool = False) -> list[int]:
+        """Commit the target's own next token (``choice``: its masked logits); unless ``allow_ending``,
+        not one that ends the output."""
         if session.state.finished:
             return []
-        choice = masked_logits(logits, mask)
         if not torch.isfinite(choice).any():
             return []
         token = choose(choice, session.params, session.generator)
@@ -359,12 +361,13 @@ class CDSL:
         return [token]
 
     @staticmethod
-    def _judge(session: Session, proposal: Proposal, logits: torch.Tensor, start: int) -> list[bool]:
-        """Whether the target agrees with each lookahead token from ``start`` on, given the ones before."""
+    def _judge(session: Session, proposal: Proposal, masked: torch.Tensor, start: int) -> list[bool]:
+        """Whether the target agrees with each lookahead token from ``start`` on, given the ones before
+        (``masked``: the target's masked logits at every position)."""
         agrees = []
         for i in range(start, len(proposal.tokens)):
             token = proposal.tokens[i]
-            target_logits = masked_logits(logits[i], proposal.masks[i])
+            target_logits = masked[i]
             if session.params.greedy:
                 agrees.append(int(torch.argmax(target_logits)) == token)
                 continue

@@ -17,10 +17,10 @@ from typing import Any, Protocol
 import torch
 
 from ..constraints import CompiledConstraint, ConstraintState
-from ..constraints.mask import allocate_bitmask
+from ..constraints.mask import allocate_bitmask, apply_bitmask
 from ..models.runner import ModelRunner
 from ..result import DecodeStats, Result, parse_value
-from .sampling import SamplingParams, choose, distribution, masked_logits
+from .sampling import SamplingParams, choose, distribution
 
 
 @dataclass
@@ -28,6 +28,8 @@ class Proposal:
     """Speculated tokens (already advanced into the state) and what verifying them needs.
 
     ``masks[i]`` is the mask before ``tokens[i]``; ``masks[len(tokens)]`` the one after them.
+    A proposer that needs no mask to propose records None there, and the loop fills the missing
+    masks afterwards (``fill_deferred_masks``), in a worker thread while the target runs.
     ``draft_probs[i]`` is the draft's distribution for ``tokens[i]``, or None when the token
     was proposed deterministically (forced, looked up, or a greedy draft). ``steered`` holds the
     indices of tokens a reward-guided draft wrote instead of its own first choice.
@@ -60,7 +62,8 @@ class Session:
     prompt: list[int]
     compiled: CompiledConstraint
     state: ConstraintState
-    target: ModelRunner
+    target: ModelRunner | None
+    """The target's runner for strategies that run their own passes (CDLH, CDSL); None in a batch."""
     params: SamplingParams
     generator: torch.Generator
     stats: DecodeStats
@@ -98,7 +101,7 @@ def forced_proposer() -> Proposer:
 
         def propose(self, session: Session, proposal: Proposal, budget: int) -> None:
             for token in session.state.forced_tokens(limit=budget):
-                proposal.masks.append(session.current_mask())
+                proposal.masks.append(None)
                 session.speculate(proposal, token, None)
                 proposal.forced += 1
                 session.stats.forced += 1
@@ -131,7 +134,7 @@ def decode(
     params = params or SamplingParams()
     started = time.perf_counter()
     state = compiled.new_state()
-    session = Session(list(prompt), compiled, state, target, params, params.generator(), DecodeStats())
+    session = Session(list(prompt), compiled, state, target, params, params.generator(target.device), DecodeStats())
     target.reset()
     target_before = (target.passes, target.positions, target.seconds)
     if len(session.prompt) > 1:
@@ -148,11 +151,24 @@ def decode(
         if on_tokens is not None:
             on_tokens(committed)
 
-    return _result(session, dead_end, started, target_before)
+    stats = session.stats
+    stats.target_passes = target.passes - target_before[0]
+    stats.target_positions = target.positions - target_before[1]
+    stats.target_seconds = target.seconds - target_before[2]
+    stats.decode_seconds = time.perf_counter() - started - stats.prefill_seconds
+    return finish(session, dead_end)
 
 
 def step(session: Session, proposers: Sequence[Proposer], k: int, max_tokens: int) -> list[int]:
     """Propose, verify in one target pass, commit. Returns the committed tokens ([] = dead end)."""
+    proposal = propose(session, proposers, k, max_tokens)
+    logits = session.target.run(session.sequence + proposal.tokens, keep=len(proposal.tokens) + 1)
+    fill_deferred_masks(session, proposal)
+    return commit(session, proposal, mask_positions(logits, proposal.masks))
+
+
+def propose(session: Session, proposers: Sequence[Proposer], k: int, max_tokens: int) -> Proposal:
+    """What ``proposers`` speculate for this step (advanced into the state), within the budget."""
     room = max_tokens - len(session.output) - 1  # one slot stays free for the target's own token
     proposal = Proposal()
     for proposer in proposers:
@@ -160,11 +176,37 @@ def step(session: Session, proposers: Sequence[Proposer], k: int, max_tokens: in
         if budget <= 0 or session.state.finished:
             continue
         proposer.propose(session, proposal, budget)
-    proposal.masks.append(session.current_mask())
+    proposal.masks.append(None)
     session.stats.proposed += len(proposal.tokens)
+    return proposal
 
-    logits = session.target.run(session.sequence + proposal.tokens, keep=len(proposal.tokens) + 1)
-    accepted, extra = verify(session, proposal, logits)
+
+def fill_deferred_masks(session: Session, proposal: Proposal) -> None:
+    """Compute the masks proposers left as None, walking the state back over the proposal and
+    forward again (it ends where it started)."""
+    missing = [i for i, mask in enumerate(proposal.masks) if mask is None]
+    if not missing:
+        return
+    tokens, state = proposal.tokens, session.state
+    state.rollback(len(tokens) - missing[0])
+    for i in range(missing[0], len(tokens) + 1):
+        if proposal.masks[i] is None:
+            proposal.masks[i] = session.current_mask()
+        if i < len(tokens):
+            state.advance(tokens[i])
+
+
+def mask_positions(logits: torch.Tensor, masks: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``logits[i]`` masked by ``masks[i]`` for every row (a copy; one host-to-device copy of the
+    packed masks, unpacked on the logits' device)."""
+    return apply_bitmask(logits[-len(masks):].clone(), torch.stack(list(masks)))
+
+
+def commit(session: Session, proposal: Proposal, masked: torch.Tensor, choices: list[int] | None = None) -> list[int]:
+    """Verify ``proposal`` against the target's masked logits (one row per proposed position plus
+    one), roll the state back past the rejected tail, and commit. Returns the committed tokens
+    ([] = dead end). ``choices``: the argmax of every row, when the caller computed them in bulk."""
+    accepted, extra = verify(session, proposal, masked, choices)
     session.stats.accepted += accepted
     session.state.rollback(len(proposal.tokens) - accepted)
     committed = proposal.tokens[:accepted]
@@ -177,8 +219,12 @@ def step(session: Session, proposers: Sequence[Proposer], k: int, max_tokens: in
     return committed
 
 
-def verify(session: Session, proposal: Proposal, logits: torch.Tensor) -> tuple[int, int | None]:
+def verify(session: Session, proposal: Proposal, masked: torch.Tensor,
+           choices: list[int] | None = None) -> tuple[int, int | None]:
     """How many proposed tokens the target accepts, and the token it adds after them.
+
+    ``masked[i]`` holds the target's logits at proposed position ``i`` already masked by
+    ``proposal.masks[i]`` (``mask_positions``); ``choices[i]``, if given, is their argmax.
 
     Greedy: accept while the masked target argmax equals the proposal; the argmax at the first
     mismatch (or after the last proposal) is the extra token. Sampling: accept token x with
@@ -187,10 +233,12 @@ def verify(session: Session, proposal: Proposal, logits: torch.Tensor) -> tuple[
     The extra token is None only when EOS was accepted or no token is allowed.
     """
     params, generator = session.params, session.generator
+    if params.greedy and choices is None:
+        choices = torch.argmax(masked, dim=-1).tolist()
     for i, token in enumerate(proposal.tokens):
-        target_logits = masked_logits(logits[i], proposal.masks[i])
+        target_logits = masked[i]
         if params.greedy:
-            best = int(torch.argmax(target_logits))
+            best = choices[i]
             if best != token:
                 return i, best
             continue
@@ -210,23 +258,26 @@ def verify(session: Session, proposal: Proposal, logits: torch.Tensor) -> tuple[
     accepted = len(proposal.tokens)
     if session.state.finished:
         return accepted, None
-    final = masked_logits(logits[accepted], proposal.masks[accepted])
+    final = masked[accepted]
     if not torch.isfinite(final).any():
         return accepted, None
+    if params.greedy:
+        return accepted, choices[accepted]
     return accepted, choose(final, params, generator)
 
 
-def _result(session: Session, dead_end: bool, started: float, target_before: tuple) -> Result:
-    state, stats, target = session.state, session.stats, session.target
+def finish(session: Session, dead_end: bool) -> Result:
+    """The Result of a session that stopped (timing counters are the caller's to fill).
+
+    Only an output that ended at EOS in a complete state is complete and gets a value: one cut
+    by ``max_tokens`` is ``length`` and incomplete even where the constraint would accept it.
+    """
+    state, stats = session.state, session.stats
     text = session.text_of(session.output)
-    complete = state.is_complete()
-    finish = "stop" if state.finished else ("constraint_dead_end" if dead_end else "length")
+    complete = state.finished
+    reason = "stop" if state.finished else ("constraint_dead_end" if dead_end else "length")
     stats.tokens = len(session.output)
-    stats.target_passes = target.passes - target_before[0]
-    stats.target_positions = target.positions - target_before[1]
-    stats.target_seconds = target.seconds - target_before[2]
     stats.mask_seconds = state.mask_seconds
-    stats.decode_seconds = time.perf_counter() - started - stats.prefill_seconds
     value: Any = parse_value(session.compiled.spec, text) if complete else None
-    return Result(text=text, tokens=list(session.output), finish_reason=finish, complete=complete,
+    return Result(text=text, tokens=list(session.output), finish_reason=reason, complete=complete,
                   value=value, stats=stats)

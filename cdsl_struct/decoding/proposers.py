@@ -25,6 +25,10 @@ class DraftModelProposer:
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
 
+    def fork(self) -> DraftModelProposer:
+        """A proposer on the same draft model with a KV cache of its own (one per batch row)."""
+        return DraftModelProposer(ModelRunner(self.runner.model, name=self.runner.name))
+
     def propose(self, session: Session, proposal: Proposal, budget: int) -> None:
         for _ in range(budget):
             positions, seconds = self.runner.positions, self.runner.seconds
@@ -71,7 +75,7 @@ class PromptLookupProposer:
             return
         span = span[: session.state.validate(span)]
         for token in span:
-            proposal.masks.append(session.current_mask())
+            proposal.masks.append(None)
             session.speculate(proposal, token, None)
             if session.state.finished:
                 return
@@ -93,7 +97,7 @@ def build_proposers(draft: str | None, target_model: Any, *, target_tokenizer: A
     """Proposers for a draft spec, the grammar's forced tokens always first.
 
     Parts joined by ``+`` (``"lookup+bf16"``): ``"none"``, ``"lookup"`` (prompt lookup),
-    ``"bf16"`` / ``"layers:N"`` (self-drafts from the target's weights), or any model
+    ``"bf16"`` / ``"int8"`` (CPU only) / ``"layers:N"`` (self-drafts from the target's weights), or any model
     ``load_model`` accepts (an HF id, folder or GGUF file), whose tokenizer must map every id to
     the same bytes as ``target_tokenizer`` (else ``IncompatibleTokenizers``).
     """
@@ -108,10 +112,10 @@ def build_proposers(draft: str | None, target_model: Any, *, target_tokenizer: A
             continue
         if part == "lookup":
             proposers.append(lookup or PromptLookupProposer())
-        elif part == "bf16" or part.startswith("layers:"):
+        elif part in ("bf16", "int8") or part.startswith("layers:"):
             proposers.append(DraftModelProposer(ModelRunner(self_draft(target_model, part), name=part)))
         else:
-            loaded = load_model(part)
+            loaded = load_model(part, device=ModelRunner(target_model).device)
             if target_tokenizer is None:
                 raise ValueError("a separate draft model needs target_tokenizer to check compatibility")
             check_same_vocabulary(TokenVocabulary.from_tokenizer(target_tokenizer),

@@ -3,7 +3,9 @@ speculative sampling compares."""
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -28,9 +30,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    def generator(self) -> torch.Generator:
-        gen = torch.Generator()
-        gen.manual_seed(self.seed if self.seed is not None else torch.seed())
+    def generator(self, device: Any = "cpu") -> torch.Generator:
+        """A generator of this request's own on ``device``: seeded by ``seed``, else from the OS's
+        entropy. The global RNG is never read or reseeded."""
+        gen = torch.Generator(device=device)
+        gen.manual_seed(self.seed if self.seed is not None else secrets.randbits(63))
         return gen
 
 

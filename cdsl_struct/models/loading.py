@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import CdslError
 from ..paths import cache_dir
+from .device import model_device, resolve_device, resolve_dtype
 from .tokenizers import load_tokenizer, smollm2_gguf_path
 
 DEFAULT_MODEL = "smollm2"
@@ -42,6 +43,11 @@ class LoadedModel:
     tokenizer: Any
 
     @property
+    def device(self) -> Any:
+        """The ``torch.device`` the weights live on."""
+        return model_device(self.model)
+
+    @property
     def eos_token_ids(self) -> list[int]:
         """EOS ids from the generation config and the tokenizer, primary first."""
         ids: list[int] = []
@@ -52,16 +58,19 @@ class LoadedModel:
         return ids
 
 
-def load_model(spec: str | Path = DEFAULT_MODEL, *, dtype: Any = None) -> LoadedModel:
-    """Load a model for decoding (eval mode, float32 unless ``dtype`` says otherwise).
+def load_model(spec: str | Path = DEFAULT_MODEL, *, device: Any = "auto", dtype: Any = "auto") -> LoadedModel:
+    """Load a model for decoding, in eval mode, on ``device``.
 
     ``spec``: ``"smollm2"`` (the embedded default, SmolLM2-135M-Instruct), a ``.gguf`` file, a
     local folder with ``config.json``, or an HF id already in the local HF cache.
+    ``device``: ``"auto"`` (cuda, then mps, then cpu), ``"cpu"``, ``"cuda"``, ``"cuda:N"``,
+    ``"mps"`` or a ``torch.device``. ``dtype``: ``"auto"`` (bfloat16 on a GPU that supports it,
+    else float32), ``"float32"``, ``"bfloat16"``, ``"float16"`` or a ``torch.dtype``.
     """
-    import torch
     from transformers import AutoModelForCausalLM
 
-    dtype = dtype or torch.float32
+    target_device = resolve_device(device)
+    dtype = resolve_dtype(dtype, target_device)
     name = str(spec)
     if name == DEFAULT_MODEL:
         folder = prepared_gguf(smollm2_gguf_path(), "smollm2-135m-instruct")
@@ -79,7 +88,7 @@ def load_model(spec: str | Path = DEFAULT_MODEL, *, dtype: Any = None) -> Loaded
         model = AutoModelForCausalLM.from_pretrained(str(folder) if folder else name, dtype=dtype)
     except Exception as exc:  # OSError, ValueError, hub errors
         raise ModelNotFound(f"could not load model {name!r}: {exc}") from exc
-    model.eval()
+    model.to(target_device).eval()
     return LoadedModel(name=name, model=model, tokenizer=tokenizer)
 
 

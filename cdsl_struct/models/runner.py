@@ -13,18 +13,21 @@ from typing import Any
 import torch
 
 from ..errors import CdslError, IncompatibleTokenizers
+from .device import model_device
 
 
 class ModelRunner:
     """Forward passes over a growing sequence with a KV cache.
 
     ``length`` is how many tokens the cache holds. Counters: ``passes`` (forward calls),
-    ``positions`` (tokens processed), ``seconds`` (time in forward).
+    ``positions`` (tokens processed), ``seconds`` (time in forward). Inputs go to the model's
+    device and the logits stay there.
     """
 
     def __init__(self, model: Any, name: str = "target") -> None:
         self.model = model
         self.name = name
+        self.device = model_device(model)
         self.cache: Any = None
         self.tokens: list[int] = []
         self.passes = 0
@@ -66,7 +69,7 @@ class ModelRunner:
         if self.cache is None:
             self.reset()
         start = time.perf_counter()
-        ids = torch.tensor([tokens], dtype=torch.long)
+        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True,
                          logits_to_keep=keep or len(tokens))
         self.cache = out.past_key_values
@@ -89,21 +92,23 @@ class ModelRunner:
             self.cache.crop(length - self.length)  # transformers 5: a negative count to remove
             del self.tokens[length:]
 
-    def counters(self) -> dict[str, float]:
-        return {"passes": self.passes, "positions": self.positions, "seconds": round(self.seconds, 4)}
-
 
 def self_draft(model: Any, kind: str) -> Any:
     """A draft built from the target's own weights.
 
     ``"bf16"``: the same weights in bfloat16. ``"int8"``: linear layers dynamically quantised
-    to int8 (fast on CPUs). ``"layers:N"``: the first N decoder layers plus
+    to int8 (torch's dynamic quantisation runs on the CPU only: on another device this raises
+    ``CdslError``; use ``"bf16"`` or ``"layers:N"`` there). ``"layers:N"``: the first N decoder layers plus
     the final norm and LM head (weights shared with the target, nothing copied).
     """
     if kind == "bf16":
         return copy.deepcopy(model).to(torch.bfloat16).eval()
     if kind == "int8":
         import warnings
+
+        if model_device(model).type != "cpu":
+            raise CdslError(f"the int8 self-draft runs on the CPU only (torch dynamic quantisation); the target "
+                            f"is on {model_device(model)}: use draft 'bf16' or 'layers:N' there")
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch.ao's deprecation notice; the kernels are current

@@ -1,0 +1,80 @@
+"""Which device and dtype a model runs on: ``"auto"`` resolved once, explicit choices checked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import CdslError
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda", "cuda:N", "mps")
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+
+
+class DeviceUnavailable(CdslError):
+    """The requested device does not exist on this machine (or this torch build)."""
+
+
+def resolve_device(device: Any = "auto") -> Any:
+    """A ``torch.device`` for ``device``: ``"auto"`` picks cuda, then mps, then cpu.
+
+    Explicit names (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``, or a ``torch.device``) are
+    checked against what this torch build can reach; a missing one raises ``DeviceUnavailable``.
+    """
+    import torch
+
+    if device is None or device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        if _mps_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        chosen = device if isinstance(device, torch.device) else torch.device(str(device))
+    except (RuntimeError, TypeError) as exc:
+        raise DeviceUnavailable(f"unknown device {device!r}; use one of {', '.join(DEVICE_CHOICES)}") from exc
+    if chosen.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceUnavailable(f"device {device!r} asked for, but this torch build sees no CUDA GPU")
+        index = chosen.index if chosen.index is not None else torch.cuda.current_device()
+        if index >= torch.cuda.device_count():
+            raise DeviceUnavailable(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+        return torch.device("cuda", index)
+    if chosen.type == "mps" and not _mps_available():
+        raise DeviceUnavailable(f"device {device!r} asked for, but MPS is not available here")
+    if chosen.type not in ("cpu", "cuda", "mps"):
+        raise DeviceUnavailable(f"unsupported device {device!r}; use one of {', '.join(DEVICE_CHOICES)}")
+    return chosen
+
+
+def resolve_dtype(dtype: Any, device: Any) -> Any:
+    """A ``torch.dtype``: ``"auto"`` is bfloat16 on a GPU that supports it, else float32."""
+    import torch
+
+    if dtype is None or dtype == "auto":
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if str(dtype) not in names:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_CHOICES)}")
+    return names[str(dtype)]
+
+
+def model_device(model: Any) -> Any:
+    """The device a model's weights live on."""
+    import torch
+
+    try:
+        return next(model.parameters()).device
+    except (StopIteration, AttributeError):
+        return torch.device("cpu")
+
+
+def _mps_available() -> bool:
+    import torch
+
+    backend = getattr(torch.backends, "mps", None)
+    return bool(backend is not None and backend.is_available())
