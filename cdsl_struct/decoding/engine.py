@@ -1,0 +1,358 @@
+"""The batched engine: many requests, one target forward per step (continuous batching).
+
+Nouns as in vLLM's v1 engine: a ``Request`` per sequence, a ``Scheduler`` that picks which
+waiting requests join the running batch (FCFS, bounded by ``max_batch_size`` and a KV memory
+budget), and ``BatchEngine.step`` that runs one step for every running row:
+
+1. each row proposes (the grammar's forced tokens, prompt lookup, a draft model), advancing its
+   own constraint state (``loop.propose``);
+2. ONE target forward for all rows (``BatchRunner``: new rows prefilled first, ragged feeds
+   padded), while worker threads compute the rows' pending masks (the engines release the GIL);
+3. the masks of every position of every row are stacked into one packed bitmask, copied to the
+   device once and applied there; greedy choices are one argmax over all of them;
+4. each row verifies and commits on its own (``loop.commit``), rolling back its own state; the
+   runner crops its KV rows on the next step.
+
+Rows join and leave between steps. A row's failure (an exception in its proposers, constraint
+or callback), its cancellation or its token budget ends that row only.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..constraints import CompiledConstraint
+from ..constraints.mask import apply_bitmask
+from ..errors import CdslError
+from ..models.batch import BatchRunner, Feed
+from ..result import DecodeStats, Result
+from .loop import Proposal, Proposer, Session, commit, fill_deferred_masks, finish, propose
+from .sampling import SamplingParams
+
+_ids = itertools.count()
+
+
+class RequestCancelled(CdslError):
+    """Raised by ``Request.wait`` for a request cancelled before it started decoding."""
+
+
+@dataclass(eq=False)
+class Request:
+    """One sequence for the engine: prompt ids, constraint, sampling, budget and draft sources.
+
+    ``proposers`` are this request's own (a draft model proposer must not be shared between
+    rows: see ``DraftModelProposer.fork``). ``on_tokens`` receives each step's committed tokens
+    on the engine's thread. ``wait`` returns the Result or raises the row's error.
+    """
+
+    prompt: list[int]
+    compiled: CompiledConstraint
+    params: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int = 256
+    proposers: Sequence[Proposer] = ()
+    k: int = 4
+    on_tokens: Callable[[list[int]], None] | None = None
+    request_id: str = field(default_factory=lambda: f"req-{next(_ids)}")
+    result: Result | None = None
+    error: BaseException | None = None
+    session: Session | None = field(default=None, repr=False)
+    cancelled: bool = False
+    submitted_at: float = field(default_factory=time.perf_counter)
+    started_at: float = 0.0
+    _done: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.k < 0:
+            raise ValueError(f"k must be >= 0, got {self.k}")
+        if not self.prompt:
+            raise ValueError("a request needs at least one prompt token")
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def cancel(self) -> None:
+        """Stop this row at the next step boundary (its Result then has ``finish_reason="cancelled"``)."""
+        self.cancelled = True
+
+    def wait(self, timeout: float | None = None) -> Result:
+        """Block until the row ends; its Result, or its error raised here."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.request_id} still running after {timeout} s")
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+    @property
+    def reserved_tokens(self) -> int:
+        """Positions this row may need in the cache: prompt, output and one step's speculation."""
+        return len(self.prompt) + self.max_tokens + self.k + 33
+
+
+class Scheduler:
+    """Which waiting requests join the batch: first come, first served, while the batch stays
+    within ``max_batch_size`` rows and ``kv_budget_bytes`` (the padded cache holds every row at
+    the longest row's length). A request that would not fit waits; one that exceeds the budget
+    alone runs alone."""
+
+    def __init__(self, max_batch_size: int, kv_budget_bytes: float, bytes_per_token: int) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.max_batch_size = max_batch_size
+        self.kv_budget_bytes = kv_budget_bytes
+        self.bytes_per_token = bytes_per_token
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    def fits(self, request: Request) -> bool:
+        rows = self.running + [request]
+        if len(rows) > self.max_batch_size:
+            return False
+        need = len(rows) * max(r.reserved_tokens for r in rows) * self.bytes_per_token
+        return need <= self.kv_budget_bytes or not self.running
+
+    def admit(self) -> list[Request]:
+        """Move the requests that fit from the queue into the batch, in arrival order."""
+        admitted = []
+        while self.waiting and self.fits(self.waiting[0]):
+            request = self.waiting.popleft()
+            self.running.append(request)
+            admitted.append(request)
+        return admitted
+
+
+@dataclass
+class EngineStats:
+    """Engine-wide counters: steps, rows per step, and how much mask time the forward hid."""
+
+    steps: int = 0
+    rows_stepped: int = 0
+    forward_seconds: float = 0.0
+    mask_seconds: float = 0.0
+    mask_wait_seconds: float = 0.0
+
+    @property
+    def mask_hidden_share(self) -> float:
+        """The share of mask computation that ran while the forward pass did."""
+        if self.mask_seconds <= 0:
+            return 0.0
+        return max(0.0, 1.0 - self.mask_wait_seconds / self.mask_seconds)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "mean_rows": round(self.rows_stepped / self.steps, 3) if self.steps else 0.0,
+                "forward_seconds": round(self.forward_seconds, 4), "mask_seconds": round(self.mask_seconds, 4),
+                "mask_wait_seconds": round(self.mask_wait_seconds, 4),
+                "mask_hidden_share": round(self.mask_hidden_share, 4)}
+
+
+class BatchEngine:
+    """Decode many requests together; ``submit`` from any thread, ``run`` to drive to completion.
+
+    ``max_batch_size`` bounds the rows per forward; ``kv_budget_bytes`` the padded KV cache
+    (default: a quarter of the memory available on the model's device). ``mask_workers``
+    threads compute masks while the forward runs (0: in the engine thread, after it).
+    ``start()`` runs the step loop on a background thread, so that requests submitted from
+    many threads share steps (what ``Generator`` and the server use).
+    """
+
+    def __init__(self, runner: BatchRunner, *, max_batch_size: int = 16, kv_budget_bytes: float | None = None,
+                 mask_workers: int = 2) -> None:
+        self.runner = runner
+        budget = kv_budget_bytes if kv_budget_bytes is not None else default_kv_budget(runner.device)
+        self.scheduler = Scheduler(max_batch_size, budget, runner.kv_bytes_per_token())
+        self.stats = EngineStats()
+        self._pool = ThreadPoolExecutor(mask_workers, thread_name_prefix="cdsl-mask") if mask_workers else None
+        self._lock = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    # --- submitting ---------------------------------------------------------------------------
+
+    def submit(self, request: Request) -> Request:
+        """Queue ``request``; it joins the batch at a step boundary."""
+        with self._lock:
+            self.scheduler.waiting.append(request)
+            self._lock.notify_all()
+        return request
+
+    def run(self, requests: Sequence[Request]) -> list[Result]:
+        """Submit ``requests`` and step until all of them end (in this thread unless the engine is
+        started); their Results in order (a row's error is raised)."""
+        for request in requests:
+            self.submit(request)
+        if self._thread is None:
+            while not all(r.done for r in requests):
+                self.step()
+        return [r.wait() for r in requests]
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.scheduler.waiting or self.scheduler.running)
+
+    # --- background loop ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Run the step loop on a daemon thread (idempotent)."""
+        with self._lock:
+            if self._thread is not None:
+                return
+            self._stopping = False
+            self._thread = threading.Thread(target=self._loop, name="cdsl-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the background loop after the current step; running rows stay where they are."""
+        with self._lock:
+            self._stopping = True
+            self._lock.notify_all()
+            thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self.busy and not self._stopping:
+                    self._lock.wait()
+                if self._stopping:
+                    return
+            try:
+                self.step()
+            except BaseException as exc:  # a failed forward: every running row gets the error
+                for request in list(self.scheduler.running):
+                    self._end(request, error=exc)
+
+    # --- one step -----------------------------------------------------------------------------
+
+    def step(self) -> None:
+        """Admit what fits, then one propose / forward / verify round over the running rows."""
+        with self._lock:
+            admitted = self.scheduler.admit()
+        for request in admitted:
+            self._start(request)
+        rows: list[tuple[Request, Proposal]] = []
+        for request in list(self.scheduler.running):
+            if request.cancelled:
+                self._end(request, reason="cancelled")
+                continue
+            session = request.session
+            try:
+                proposal = propose(session, request.proposers, request.k, request.max_tokens)
+            except Exception as exc:  # noqa: BLE001 - the row ends with its own error
+                self._end(request, error=exc)
+                continue
+            rows.append((request, proposal))
+        if not rows:
+            return
+        feeds = [Feed(r.request_id, r.session.sequence + p.tokens, len(p.tokens) + 1) for r, p in rows]
+        mask_before = sum(r.session.state.mask_seconds for r, _ in rows)
+        pending = self._masks_async(rows)
+        started = time.perf_counter()
+        logits = self.runner.run(feeds)
+        forward = time.perf_counter() - started
+        masks_ok = self._wait_masks(rows, pending, mask_before)
+        self.stats.steps += 1
+        self.stats.rows_stepped += len(rows)
+        self.stats.forward_seconds += forward
+        rows_logits = [(r, p, lg) for (r, p), lg, ok in zip(rows, logits, masks_ok, strict=True) if ok]
+        if rows_logits:
+            self._commit_all(rows_logits, forward)
+
+    def _start(self, request: Request) -> None:
+        request.started_at = time.perf_counter()
+        request.session = Session(list(request.prompt), request.compiled, request.compiled.new_state(), None,
+                                  request.params, request.params.generator(self.runner.device), DecodeStats())
+        request.session.max_tokens = request.max_tokens
+
+    def _masks_async(self, rows: list[tuple[Request, Proposal]]) -> list[Any]:
+        if self._pool is None:
+            return [None] * len(rows)
+        return [self._pool.submit(fill_deferred_masks, r.session, p) for r, p in rows]
+
+    def _wait_masks(self, rows: list[tuple[Request, Proposal]], pending: list[Any], before: float) -> list[bool]:
+        """Finish every row's masks (a row whose constraint raised ends with that error); ``before``:
+        the rows' mask time when the step's masks were queued."""
+        started = time.perf_counter()
+        ok = []
+        for (request, proposal), future in zip(rows, pending, strict=True):
+            try:
+                future.result() if future is not None else fill_deferred_masks(request.session, proposal)
+                ok.append(True)
+            except Exception as exc:  # noqa: BLE001
+                self._end(request, error=exc)
+                ok.append(False)
+        after = sum(r.session.state.mask_seconds for r, _ in rows)
+        self.stats.mask_wait_seconds += time.perf_counter() - started
+        self.stats.mask_seconds += after - before
+        return ok
+
+    def _commit_all(self, rows: list[tuple[Request, Proposal, torch.Tensor]], forward: float) -> None:
+        """Mask every position of every row in one op on the device, then verify row by row."""
+        logits = torch.cat([lg for _, _, lg in rows])
+        masks = torch.stack([m for _, p, _ in rows for m in p.masks])
+        masked = apply_bitmask(logits, masks)
+        choices = torch.argmax(masked, dim=-1).tolist()
+        offset = 0
+        for request, proposal, row_logits in rows:
+            span = slice(offset, offset + len(row_logits))
+            offset += len(row_logits)
+            session = request.session
+            stats = session.stats
+            if stats.target_passes == 0 and len(request.prompt) > 1:  # this row's prefill pass
+                stats.target_passes += 1
+                stats.target_positions += len(request.prompt) - 1
+                stats.prefill_seconds = self.runner.last_prefill_seconds
+            stats.target_passes += 1
+            stats.target_seconds += forward
+            stats.target_positions += len(proposal.tokens) + 1
+            try:
+                committed = commit(session, proposal, masked[span], choices[span])
+                if committed and request.on_tokens is not None:
+                    request.on_tokens(committed)
+            except Exception as exc:  # noqa: BLE001
+                self._end(request, error=exc)
+                continue
+            if not committed:
+                self._end(request, reason="constraint_dead_end")
+            elif session.state.finished or len(session.output) >= request.max_tokens:
+                self._end(request)
+
+    def _end(self, request: Request, *, reason: str | None = None, error: BaseException | None = None) -> None:
+        """Take ``request`` out of the batch with its Result or error."""
+        with self._lock:
+            if request in self.scheduler.running:
+                self.scheduler.running.remove(request)
+        self.runner.release(request.request_id)
+        if error is not None:
+            request.error = error
+        elif request.session is None:
+            request.error = RequestCancelled(f"request {request.request_id} was cancelled")
+        else:
+            result = finish(request.session, dead_end=reason == "constraint_dead_end")
+            if reason == "cancelled":
+                result.finish_reason = "cancelled"
+            result.stats.decode_seconds = time.perf_counter() - request.started_at - result.stats.prefill_seconds
+            request.result = result
+        request._done.set()
+
+
+def default_kv_budget(device: Any) -> float:
+    """A quarter of the memory free on ``device`` (the host's available RAM for the CPU)."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free / 4
+    import psutil
+
+    return psutil.virtual_memory().available / 4

@@ -1,0 +1,292 @@
+"""``BatchRunner``: one model, one padded KV cache shared by many rows, one forward per step.
+
+Layout: the cache holds ``[rows, heads, L, dim]`` per layer; every row owns all ``L`` physical
+positions, and a boolean ``valid[row, position]`` says which of them hold the row's tokens. A
+row that feeds fewer tokens than the longest feed of a step is left-padded with invalid
+positions; a rejected speculation is cropped by marking its positions invalid (a hole). Holes
+and padding are excluded by the attention mask, and each row's position ids count only its
+valid positions, so a row sees exactly what it would see alone. Holes cost memory, not
+correctness: when they outgrow the valid tokens, ``compact`` gathers every row's valid
+positions to the right end.
+
+Rows join (their prompts prefilled together in one padded pass, then merged into the batch)
+and leave between steps. Sliding-window attention layers are treated as full layers: exact
+while rows stay within the window, which holds for the prompts and outputs this library
+decodes with the shipped models (Gemma-3-270M: 512 tokens).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import CdslError
+from .device import model_device
+
+
+@dataclass
+class Feed:
+    """What a row wants from one step: logits of the last ``keep`` positions of ``sequence``."""
+
+    row: Hashable
+    sequence: list[int]
+    keep: int = 1
+
+
+class BatchRunner:
+    """Batched forward passes over many growing sequences with one padded KV cache.
+
+    ``run(feeds)`` reuses each row's cached prefix, crops what the row no longer holds (rejected
+    speculation), feeds the rest of every row in ONE forward pass (new rows are prefilled in one
+    pass before it) and returns each row's logits on the model's device. ``release(row)`` drops
+    a row. Counters: ``passes``, ``positions`` (real tokens fed), ``padded_positions`` (fed
+    including padding), ``seconds``.
+    """
+
+    def __init__(self, model: Any, name: str = "target", pad_token_id: int = 0) -> None:
+        self.model = model
+        self.name = name
+        self.device = model_device(model)
+        self.pad_token_id = pad_token_id
+        self.cache: Any = None
+        self.order: list[Hashable] = []  # batch index -> row
+        self.slots: dict[Hashable, list[int]] = {}  # physical positions holding the row's tokens, in order
+        self.tokens: dict[Hashable, list[int]] = {}
+        self.valid = torch.zeros((0, 0), dtype=torch.bool)  # on the CPU; copied once per pass
+        self.passes = 0
+        self.positions = 0
+        self.padded_positions = 0
+        self.seconds = 0.0
+        self.last_prefill_seconds = 0.0
+
+    # --- state --------------------------------------------------------------------------------
+
+    @property
+    def rows(self) -> int:
+        return len(self.order)
+
+    @property
+    def physical_length(self) -> int:
+        return int(self.valid.shape[1])
+
+    def held(self, row: Hashable) -> list[int]:
+        """The tokens the cache holds for ``row`` (empty for an unknown row)."""
+        return list(self.tokens.get(row, []))
+
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of keys and values one position costs, over all layers."""
+        config = getattr(self.model.config, "get_text_config", lambda: self.model.config)()
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        element = next(self.model.parameters()).element_size()
+        return 2 * config.num_hidden_layers * heads * head_dim * element
+
+    # --- rows joining and leaving -------------------------------------------------------------
+
+    def release(self, row: Hashable) -> None:
+        """Forget ``row`` and free its part of the cache."""
+        if row not in self.slots:
+            return
+        index = self.order.index(row)
+        keep = [i for i in range(self.rows) if i != index]
+        self.order.pop(index)
+        del self.slots[row], self.tokens[row]
+        if not self.order:
+            self.cache, self.valid = None, torch.zeros((0, 0), dtype=torch.bool)
+            return
+        chosen = torch.tensor(keep, device=self.device)
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(0, chosen)
+            layer.values = layer.values.index_select(0, chosen)
+        self.valid = self.valid[keep]
+        self._trim_left()
+
+    def crop(self, row: Hashable, length: int) -> None:
+        """Keep only the first ``length`` tokens of ``row`` (the rest become holes)."""
+        slots = self.slots[row]
+        if length >= len(slots):
+            return
+        index = self.order.index(row)
+        self.valid[index, slots[length:]] = False
+        del slots[length:]
+        del self.tokens[row][length:]
+
+    # --- forward ------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def run(self, feeds: Sequence[Feed]) -> list[torch.Tensor]:
+        """Float32 logits ``[keep, vocab]`` for each feed, from one forward over every row.
+
+        Each row's cache is cropped to the longest prefix it shares with its sequence while
+        leaving at least ``keep`` tokens to feed. Rows of the batch that are not fed this step
+        take padding only.
+        """
+        if not feeds:
+            return []
+        if len({f.row for f in feeds}) != len(feeds):
+            raise CdslError("a row can be fed once per pass")
+        for feed in feeds:
+            if feed.keep < 1 or len(feed.sequence) < feed.keep:
+                raise CdslError(f"row {feed.row!r}: keep must be in [1, len(sequence)]")
+        new = [f for f in feeds if f.row not in self.slots]
+        self.last_prefill_seconds = 0.0
+        if new:
+            started = time.perf_counter()
+            self._prefill(new)
+            self.last_prefill_seconds = time.perf_counter() - started
+        tails: dict[Hashable, list[int]] = {}
+        for feed in feeds:
+            held = self.tokens[feed.row]
+            common, limit = 0, min(len(held), len(feed.sequence) - feed.keep)
+            while common < limit and held[common] == feed.sequence[common]:
+                common += 1
+            self.crop(feed.row, common)
+            tails[feed.row] = feed.sequence[common:]
+        width = max(len(t) for t in tails.values())
+        keep = max(f.keep for f in feeds)
+        logits = self._forward([tails.get(row, []) for row in self.order], width, keep)
+        result = []
+        for feed in feeds:
+            index = self.order.index(feed.row)
+            result.append(logits[index, keep - feed.keep:])
+        self._maybe_compact()
+        return result
+
+    def _forward(self, tails: list[list[int]], width: int, keep: int) -> torch.Tensor:
+        """Feed every row its tail, right-aligned in ``width`` columns; logits of the last ``keep``."""
+        start = time.perf_counter()
+        rows, base = self.rows, self.physical_length
+        ids = torch.full((rows, width), self.pad_token_id, dtype=torch.long)
+        fresh = torch.zeros((rows, width), dtype=torch.bool)
+        positions = torch.zeros((rows, width), dtype=torch.long)
+        for index, tail in enumerate(tails):
+            if not tail:
+                continue
+            row, pad = self.order[index], width - len(tail)
+            ids[index, pad:] = torch.tensor(tail, dtype=torch.long)
+            fresh[index, pad:] = True
+            held = len(self.slots[row])
+            positions[index, pad:] = torch.arange(held, held + len(tail))
+            self.slots[row].extend(range(base + pad, base + width))
+            self.tokens[row].extend(tail)
+        self.valid = torch.cat([self.valid, fresh], dim=1)
+        out = self.model(input_ids=ids.to(self.device), attention_mask=self.valid.to(self.device, torch.long),
+                         position_ids=positions.to(self.device), past_key_values=self.cache, use_cache=True,
+                         logits_to_keep=keep)
+        self.cache = out.past_key_values
+        self.passes += 1
+        self.positions += sum(len(t) for t in tails)
+        self.padded_positions += rows * width
+        self.seconds += time.perf_counter() - start
+        return out.logits.float()
+
+    def _prefill(self, feeds: list[Feed]) -> None:
+        """Add the rows of ``feeds``: their sequences but the last ``keep`` tokens in one padded pass,
+        then merged into the batch cache (the shorter side is padded on the left)."""
+        from transformers import DynamicCache
+
+        bodies = [f.sequence[:len(f.sequence) - f.keep] for f in feeds]
+        width = max(len(b) for b in bodies)
+        old_rows, old_length = self.rows, self.physical_length
+        joined = [f.row for f in feeds]
+        if self.cache is None:
+            self.cache, self.valid = DynamicCache(), torch.zeros((0, 0), dtype=torch.bool)
+        if width == 0:
+            new_cache = None
+        else:
+            saved = (self.cache, self.valid, self.order, self.slots, self.tokens)
+            self.cache, self.valid, self.order = DynamicCache(), torch.zeros((len(feeds), 0), dtype=torch.bool), joined
+            self.slots, self.tokens = {r: [] for r in joined}, {r: [] for r in joined}
+            self._forward(bodies, width, 1)
+            new_cache, new_valid, new_slots, new_tokens = self.cache, self.valid, self.slots, self.tokens
+            self.cache, self.valid, self.order, self.slots, self.tokens = saved
+        length = max(old_length, width)
+        if old_rows and length > old_length:
+            self._pad_left(length - old_length)
+        self.order = self.order + joined
+        if new_cache is None:
+            self.slots.update({r: [] for r in joined})
+            self.tokens.update({r: [] for r in joined})
+            added_valid = torch.zeros((len(feeds), length), dtype=torch.bool)
+            if old_rows:
+                self._extend_rows(None, len(feeds), length)
+        else:
+            shift = length - width
+            self.slots.update({r: [p + shift for p in new_slots[r]] for r in joined})
+            self.tokens.update(new_tokens)
+            added_valid = torch.cat([torch.zeros((len(feeds), shift), dtype=torch.bool), new_valid], dim=1)
+            if old_rows:
+                self._extend_rows(new_cache, len(feeds), length, shift)
+            else:
+                self.cache = new_cache
+        self.valid = added_valid if not old_rows else torch.cat([self.valid, added_valid], dim=0)
+
+    def _extend_rows(self, new_cache: Any, count: int, length: int, shift: int = 0) -> None:
+        """Append ``count`` rows to every layer: ``new_cache``'s (left-padded by ``shift``), or zeros."""
+        for index, layer in enumerate(self.cache.layers):
+            shape = (count, *layer.keys.shape[1:2], length, layer.keys.shape[-1])
+            if new_cache is None:
+                keys = layer.keys.new_zeros(shape)
+                values = layer.values.new_zeros(shape)
+            else:
+                source = new_cache.layers[index]
+                keys, values = _pad_positions(source.keys, shift), _pad_positions(source.values, shift)
+            layer.keys = torch.cat([layer.keys, keys], dim=0)
+            layer.values = torch.cat([layer.values, values], dim=0)
+
+    def _pad_left(self, count: int) -> None:
+        """Prepend ``count`` invalid positions to every row."""
+        for layer in self.cache.layers:
+            layer.keys, layer.values = _pad_positions(layer.keys, count), _pad_positions(layer.values, count)
+        self.valid = torch.cat([torch.zeros((self.rows, count), dtype=torch.bool), self.valid], dim=1)
+        for row in self.order:
+            self.slots[row] = [p + count for p in self.slots[row]]
+
+    def _trim_left(self) -> None:
+        """Drop leading positions no row uses."""
+        used = self.valid.any(dim=0).nonzero()
+        first = int(used[0]) if len(used) else self.physical_length
+        if first == 0:
+            return
+        for layer in self.cache.layers:
+            layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+        self.valid = self.valid[:, first:]
+        for row in self.order:
+            self.slots[row] = [p - first for p in self.slots[row]]
+
+    def _maybe_compact(self) -> None:
+        longest = max((len(s) for s in self.slots.values()), default=0)
+        if self.physical_length > 2 * longest + 32:
+            self.compact()
+
+    def compact(self) -> None:
+        """Gather every row's valid positions to the right end; the cache shrinks to the longest row."""
+        if not self.order:
+            return
+        length = max(len(s) for s in self.slots.values())
+        index = torch.zeros((self.rows, length), dtype=torch.long)
+        valid = torch.zeros((self.rows, length), dtype=torch.bool)
+        for b, row in enumerate(self.order):
+            slots = self.slots[row]
+            if slots:
+                index[b, length - len(slots):] = torch.tensor(slots)
+                valid[b, length - len(slots):] = True
+            self.slots[row] = list(range(length - len(slots), length))
+        index = index.to(self.device)
+        for layer in self.cache.layers:
+            gather = index[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
+            layer.keys = layer.keys.gather(2, gather)
+            layer.values = layer.values.gather(2, gather)
+        self.valid = valid
+
+
+def _pad_positions(tensor: torch.Tensor, count: int) -> torch.Tensor:
+    """``tensor`` ``[rows, heads, L, dim]`` with ``count`` zero positions prepended."""
+    if count == 0:
+        return tensor
+    shape = (tensor.shape[0], tensor.shape[1], count, tensor.shape[3])
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=2)
