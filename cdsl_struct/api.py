@@ -1,15 +1,18 @@
 """``Generator`` and ``generate()``: the user-facing API.
 
 A ``Generator`` loads a model (and its draft) once; every ``generate`` call resolves its
-constraint, reward and method, compiles the constraint (cached), and decodes under one lock,
-so a Generator can be shared between threads. ``generate()`` keeps one Generator per model
-and draft.
+constraint, reward and method, compiles the constraint (cached), and hands its rows to the
+Generator's ``BatchEngine``: target-only and speculative rows from every thread and every
+prompt of a list share one target forward per step. CDLH and CDSL, whose steps run passes of
+their own, decode one sequence at a time on a separate runner. ``generate()`` keeps one
+Generator per model and draft.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -25,7 +28,9 @@ from .constraints import (
     compile,
 )
 from .decoding import DraftModelProposer, SamplingParams, build_proposers, decode
+from .decoding.engine import BatchEngine, Request
 from .decoding.lookahead import CDLH, CDSL
+from .models.batch import BatchRunner
 from .models.loading import LoadedModel, load_model
 from .models.runner import ModelRunner, self_draft
 from .prompts import prompt_ids
@@ -63,10 +68,14 @@ class _Request:
 
 
 class Generator:
-    """Models loaded once, compiled constraints cached; thread-safe (one lock around decoding).
+    """Models loaded once, compiled constraints cached, rows decoded in batches; thread-safe.
 
     ``model``: ``"smollm2"`` (the embedded default), a ``.gguf`` file, a folder, an HF id in the
-    local cache, or a ``LoadedModel``. ``draft``: ``"auto"`` (prompt lookup), ``None`` (no
+    local cache, or a ``LoadedModel``. ``device`` / ``dtype``: where and in what precision a
+    named model is loaded (``"auto"``: cuda, then mps, then cpu; bfloat16 on a GPU that supports
+    it, else float32). ``max_batch_size``: rows per target forward; ``kv_budget_gb``: the KV
+    cache a batch may use (default a quarter of the free memory): requests beyond either wait
+    for rows to finish. ``draft``: ``"auto"`` (prompt lookup), ``None`` (no
     draft: ``method="auto"`` decodes target-only, or CDLH with a reward), or a spec for
     ``build_proposers``: ``"lookup"``, ``"bf16"``, ``"layers:N"``, a model path, or parts joined
     by ``+``. CDSL uses the draft's model part, else an int8 copy of the target (made on first
@@ -76,10 +85,11 @@ class Generator:
 
     def __init__(self, model: str | LoadedModel = "smollm2", *, draft: str | None = "auto",
                  backend: str = "auto", whitespace: str = "compact", compile_timeout: float = 30.0,
-                 k: int = 6) -> None:
+                 k: int = 6, device: Any = "auto", dtype: Any = "auto", max_batch_size: int = 16,
+                 kv_budget_gb: float | None = None) -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
-        self.loaded = model if isinstance(model, LoadedModel) else load_model(model)
+        self.loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device, dtype=dtype)
         self.model_name: str = self.loaded.name
         self.tokenizer: Any = self.loaded.tokenizer
         self.vocabulary = TokenVocabulary.from_tokenizer(self.tokenizer, self.loaded.eos_token_ids)
@@ -93,10 +103,24 @@ class Generator:
         self._cdsl_draft: ModelRunner | None = next(
             (p.runner for p in self.proposers if isinstance(p, DraftModelProposer)), None)
         self._marker_ids = list(self.tokenizer.encode(CALL_MARKER, add_special_tokens=False))
-        self._lock = threading.Lock()
+        self._solo_lock = threading.Lock()  # CDLH / CDSL share self.target, one sequence at a time
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.loaded.eos_token_ids[0]
+        self.engine = BatchEngine(BatchRunner(self.loaded.model, pad_token_id=pad), max_batch_size=max_batch_size,
+                                  kv_budget_bytes=None if kv_budget_gb is None else kv_budget_gb * 2**30)
+        self.engine.start()
 
     def __repr__(self) -> str:
-        return f"Generator(model={self.model_name!r}, draft={self.draft!r}, backend={self.backend!r})"
+        return (f"Generator(model={self.model_name!r}, draft={self.draft!r}, backend={self.backend!r}, "
+                f"device={str(self.device)!r})")
+
+    @property
+    def device(self) -> Any:
+        """The ``torch.device`` the model runs on."""
+        return self.loaded.device
+
+    def close(self) -> None:
+        """Stop the engine's thread (rows still running stay unfinished)."""
+        self.engine.stop()
 
     # --- public -------------------------------------------------------------------------------
 
@@ -111,8 +135,8 @@ class Generator:
 
         ``prompt``: a string (one user message in the chat template; ``chat=False`` encodes it
         as it is), a list of ``{"role", "content"}`` messages, or a list of strings (or of
-        message lists), which returns a list of Results, decoded one after the other with the
-        constraint compiled once.
+        message lists), which returns a list of Results, decoded together as rows of one batch with
+        the constraint compiled once.
 
         Constraints (at most one): ``schema`` (JSON Schema dict or text, or a pydantic model:
         ``value`` is then an instance), ``regex``, ``choices`` (``value`` is the chosen
@@ -150,7 +174,11 @@ class Generator:
             if batch:
                 raise ValueError("stream=True takes one prompt, not a list of prompts")
             return stream_in_thread(lambda emit: self._run(request, encoded[0], emit))
-        results = [self._run(request, ids) for ids in encoded]
+        if len(encoded) == 1:
+            results = [self._run(request, encoded[0])]
+        else:  # one thread per prompt so that every row joins the batch (tool calls take two phases)
+            with ThreadPoolExecutor(min(len(encoded), 64), thread_name_prefix="cdsl-row") as pool:
+                results = list(pool.map(lambda ids: self._run(request, ids), encoded))
         return results if batch else results[0]
 
     def choose_method(self, method: str, has_reward: bool) -> str:
@@ -209,14 +237,13 @@ class Generator:
 
     def _run(self, request: _Request, prompt: list[int], emit: Emit | None = None) -> Result:
         """Decode one prompt (token ids) for a resolved request; ``emit`` receives text deltas."""
-        with self._lock:
-            tools = request.tools
-            if tools is None:
-                result = self._decode(request, request.answer, prompt, request.max_tokens, emit)
-            elif tools.mode == "call":
-                result = self._calls(request, prompt + self._marker_ids, request.max_tokens, emit)
-            else:
-                result = self._text_or_calls(request, prompt, emit)
+        tools = request.tools
+        if tools is None:
+            result = self._decode(request, request.answer, prompt, request.max_tokens, emit)
+        elif tools.mode == "call":
+            result = self._calls(request, prompt + self._marker_ids, request.max_tokens, emit)
+        else:
+            result = self._text_or_calls(request, prompt, emit)
         if result.finish_reason != "stop":
             result.complete, result.value = False, None
         result.method = request.method
@@ -255,9 +282,15 @@ class Generator:
                 emit: Emit | None) -> Result:
         deltas = TextDeltas(self.vocabulary) if emit else None
         on_tokens = (lambda tokens: emit(deltas.push(tokens))) if emit and deltas else None
-        proposers = self.proposers if request.method == "speculative" else ()
-        result = decode(self.target, compiled, prompt, proposers=proposers, k=self.k, max_tokens=max_tokens,
-                        params=request.params, on_tokens=on_tokens, strategy=self._strategy(request))
+        if request.method in ("cdlh", "cdsl"):
+            with self._solo_lock:
+                result = decode(self.target, compiled, prompt, k=self.k, max_tokens=max_tokens, params=request.params,
+                                on_tokens=on_tokens, strategy=self._strategy(request))
+        else:
+            proposers = [getattr(p, "fork", lambda p=p: p)() for p in self.proposers] \
+                if request.method == "speculative" else []
+            row = Request(prompt, compiled, request.params, max_tokens, proposers, self.k, on_tokens)
+            result = self.engine.submit(row).wait()
         if emit and deltas:
             emit(deltas.flush())
         return result
@@ -346,7 +379,8 @@ _generators: dict[tuple, Generator] = {}
 _generators_lock = threading.Lock()
 
 
-def cached_generator(model: str | LoadedModel = "smollm2", draft: str | None = "auto", **options: Any) -> Generator:
+def cached_generator(model: str | LoadedModel = "smollm2", draft: str | None = "auto",
+                     **options: Any) -> Generator:
     """The Generator for (model, draft, options), made once and kept for the process."""
     key = (model if isinstance(model, str) else id(model), draft, tuple(sorted(options.items())))
     with _generators_lock:
@@ -357,10 +391,12 @@ def cached_generator(model: str | LoadedModel = "smollm2", draft: str | None = "
 
 def generate(prompt: str | Sequence[Any], *, model: str | LoadedModel = "smollm2", draft: str | None = "auto",
              backend: str = "auto", whitespace: str = "compact", compile_timeout: float = 30.0,
+             device: Any = "auto", dtype: Any = "auto",
              **kwargs: Any) -> Result | list[Result] | Iterator[str | Result]:
     """``Generator(model, draft=...).generate(prompt, **kwargs)`` with the Generator kept per
-    (model, draft, backend, whitespace, compile_timeout), so the model loads once per process.
+    (model, draft, backend, whitespace, compile_timeout, device, dtype), so the model loads once
+    per process.
     """
     generator = cached_generator(model, draft, backend=backend, whitespace=whitespace,
-                                 compile_timeout=compile_timeout)
+                                 compile_timeout=compile_timeout, device=device, dtype=dtype)
     return generator.generate(prompt, **kwargs)

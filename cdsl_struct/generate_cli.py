@@ -45,6 +45,7 @@ def add_generate_parser(commands: Any) -> argparse.ArgumentParser:
                      help="draft: auto (prompt lookup), none, lookup, bf16, layers:N or a model (default auto)")
     gen.add_argument("--backend", default="auto", choices=["auto", "llguidance", "outlines-core"],
                      help="constraint engine (default auto)")
+    add_device_arguments(gen)
     gen.add_argument("--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default); above 0 samples")
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus mass when sampling (default 1)")
@@ -56,6 +57,16 @@ def add_generate_parser(commands: Any) -> argparse.ArgumentParser:
     return gen
 
 
+def add_device_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--device``, ``--dtype`` and ``--max-batch-size``, shared by ``generate`` and ``serve``."""
+    parser.add_argument("--device", default="auto",
+                        help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps (default auto)")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                        help="weights' precision (default auto: bfloat16 on a GPU that supports it, else float32)")
+    parser.add_argument("--max-batch-size", type=int, default=16,
+                        help="rows decoded together in one forward pass (default 16)")
+
+
 def run_generate(args: argparse.Namespace) -> int:
     """Run ``generate`` from parsed arguments; a one-line message and exit 2 on bad input."""
     from .api import cached_generator
@@ -65,7 +76,8 @@ def run_generate(args: argparse.Namespace) -> int:
             raise ValueError("--tree needs --grammar")
         prompt = _prompt(args.prompt)
         kwargs = _constraint_kwargs(args)
-        generator = cached_generator(args.model, None if args.draft == "none" else args.draft, backend=args.backend)
+        generator = cached_generator(args.model, None if args.draft == "none" else args.draft, backend=args.backend,
+                                     device=args.device, dtype=args.dtype, max_batch_size=args.max_batch_size)
         output = generator.generate(prompt, method=args.method, max_tokens=args.max_tokens,
                                     temperature=args.temperature, top_p=args.top_p, seed=args.seed,
                                     stream=args.stream, **kwargs)

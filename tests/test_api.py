@@ -152,7 +152,7 @@ def test_sampling_is_seeded_and_valid(gen):
 
 def test_module_level_generate_reuses_one_generator(smollm2, monkeypatch):
     monkeypatch.setattr(api, "_generators", {})
-    monkeypatch.setattr(api, "load_model", lambda name: smollm2)
+    monkeypatch.setattr(api, "load_model", lambda name, **options: smollm2)
     first = cs.generate("Say yes.", choices=["yes", "no"], max_tokens=3)
     second = cs.generate("Say no.", choices=["yes", "no"], max_tokens=3)
     assert first.value in ("yes", "no") and second.value in ("yes", "no")

@@ -20,7 +20,7 @@ from tests.test_api import GREETING, PASSAGE, PERSON
 def embedded_model(smollm2, one_torch_thread, monkeypatch):
     """The CLI builds its Generator from the already loaded model (no second load)."""
     monkeypatch.setattr(api, "_generators", {})
-    monkeypatch.setattr(api, "load_model", lambda name: smollm2)
+    monkeypatch.setattr(api, "load_model", lambda name, **options: smollm2)
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

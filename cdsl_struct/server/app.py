@@ -55,7 +55,7 @@ class _Service:
     def model_card(self) -> dict[str, Any]:
         return {"id": self.model, "object": "model", "created": self.created, "owned_by": "cdsl_struct"}
 
-    # --- jobs, run on the worker thread -------------------------------------------------------------
+    # --- jobs, run on the worker threads ------------------------------------------------------------
     def finished(self, call: GenerateCall) -> Finished | list[Finished]:
         output = self.generator.generate(call.prompt, **call.kwargs)
         if isinstance(output, list):
@@ -149,13 +149,15 @@ def create_app(generator: Any, *, max_request_bytes: int = DEFAULT_MAX_REQUEST_B
     """An OpenAI-compatible app serving ``generator`` (a ``cdsl_struct.api.Generator``).
 
     ``max_request_bytes``: larger bodies get 413. ``queue_limit``: requests allowed to wait behind
-    the running one; more get 429. ``compile_timeout``: seconds a constraint may take to compile
-    (default: the Generator's); over it the request gets 400 ``compile_timeout``.
+    the running ones (as many run together as the Generator's engine batches); more get 429.
+    ``compile_timeout``: seconds a constraint may take to compile (default: the Generator's); over
+    it the request gets 400 ``compile_timeout``.
     ``default_max_tokens``: when a request gives none.
     """
     if compile_timeout is not None:
         generator.compile_timeout = compile_timeout
-    worker = GenerationWorker(queue_limit)
+    engine = getattr(generator, "engine", None)
+    worker = GenerationWorker(queue_limit, engine.scheduler.max_batch_size if engine is not None else 1)
     service = _Service(generator, worker, default_max_tokens)
 
     @asynccontextmanager
@@ -211,13 +213,15 @@ def create_app(generator: Any, *, max_request_bytes: int = DEFAULT_MAX_REQUEST_B
 def serve(host: str = "127.0.0.1", port: int = 8000, model: str = "smollm2", draft: str | None = "auto", *,
           backend: str = "auto", whitespace: str = "compact", compile_timeout: float = 30.0,
           max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, queue_limit: int = DEFAULT_QUEUE_LIMIT,
-          default_max_tokens: int = DEFAULT_MAX_TOKENS, log_level: str = "info") -> None:
-    """Load ``model`` (with ``draft``) once and serve it on ``host:port`` until interrupted."""
+          default_max_tokens: int = DEFAULT_MAX_TOKENS, log_level: str = "info", device: Any = "auto",
+          dtype: Any = "auto", max_batch_size: int = 16) -> None:
+    """Load ``model`` (with ``draft``) once on ``device`` and serve it on ``host:port`` until interrupted."""
     import uvicorn
 
     from ..api import Generator
 
-    generator = Generator(model, draft=draft, backend=backend, whitespace=whitespace, compile_timeout=compile_timeout)
+    generator = Generator(model, draft=draft, backend=backend, whitespace=whitespace, compile_timeout=compile_timeout,
+                          device=device, dtype=dtype, max_batch_size=max_batch_size)
     app = create_app(generator, max_request_bytes=max_request_bytes, queue_limit=queue_limit,
                      default_max_tokens=default_max_tokens)
     uvicorn.run(app, host=host, port=port, log_level=log_level)

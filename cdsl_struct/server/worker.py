@@ -1,9 +1,10 @@
-"""One model, one worker thread: requests queue in arrival order, none lost; a full queue is a 429.
+"""Worker threads for blocking generation jobs: requests queue in arrival order, none lost; a
+full queue is a 429.
 
-The Generator is not shared between threads: every call to it (and to its tokenizer) runs on the
-single worker thread, so the event loop keeps accepting requests while one generates. A request
-is admitted when fewer than ``queue_limit`` requests wait behind the running one; otherwise it is
-refused at once with 429 (``rate_limit_error``) before anything is queued.
+Up to ``concurrency`` jobs run at once (the Generator's batch size: their rows share the
+engine's forward passes), so the event loop keeps accepting requests while they generate. A
+request is admitted when fewer than ``queue_limit`` requests wait behind the running ones;
+otherwise it is refused at once with 429 (``rate_limit_error``) before anything is queued.
 """
 
 from __future__ import annotations
@@ -21,18 +22,22 @@ _ITEM, _ERROR, _END = "item", "error", "end"
 
 
 class GenerationWorker:
-    """Runs blocking jobs one at a time on a dedicated thread, with a bounded queue."""
+    """Runs blocking jobs, ``concurrency`` at a time on dedicated threads, with a bounded queue."""
 
-    def __init__(self, queue_limit: int) -> None:
+    def __init__(self, queue_limit: int, concurrency: int = 1) -> None:
         if queue_limit < 0:
             raise ValueError(f"queue_limit must be >= 0, got {queue_limit}")
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         self.queue_limit = queue_limit
-        self.active = 0  # admitted jobs not finished: the running one plus those waiting
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdsl-generate")
+        self.concurrency = concurrency
+        self.active = 0  # admitted jobs not finished: the running ones plus those waiting
+        self._executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="cdsl-generate")
 
     def _admit(self) -> None:
-        if self.active > self.queue_limit:
-            raise APIError(429, f"The server is busy: {self.active - 1} requests are already waiting (queue limit "
+        waiting = self.active - self.concurrency + 1
+        if waiting > self.queue_limit:
+            raise APIError(429, f"The server is busy: {waiting - 1} requests are already waiting (queue limit "
                                 f"{self.queue_limit}). Retry later.", code="queue_full")
         self.active += 1
 
