@@ -200,3 +200,28 @@ def test_compile_timeout_is_typed(smollm2):
     slow = Generator(smollm2, draft=None, compile_timeout=1e-6)
     with pytest.raises(cs.CompileTimeout):
         slow.generate("hi", schema={"type": "object", "properties": {"unique_timeout_probe": {"type": "integer"}}})
+
+
+def test_a_list_of_prompts_decodes_as_one_batch_and_matches_single_calls(gen):
+    prompts = ["Ada Lovelace was 36. Extract the person.", "Alan Turing was 41. Extract the person.",
+               "Marie Curie was 66. Extract the person."]
+    steps_before = gen.engine.stats.steps
+    together = gen.generate(prompts, schema=PERSON, max_tokens=40)
+    batched_steps = gen.engine.stats.steps - steps_before
+    alone = [gen.generate(p, schema=PERSON, max_tokens=40) for p in prompts]
+    assert [r.text for r in together] == [r.text for r in alone]
+    assert batched_steps < sum(r.stats.target_passes - 1 for r in alone)  # rows shared steps
+
+
+def test_concurrent_callers_with_a_bad_schema_fail_alone(gen):
+    from concurrent.futures import ThreadPoolExecutor
+
+    bad = {"type": "object", "properties": {"a": {"type": "nonsense"}}}
+    jobs = [dict(schema=PERSON), dict(schema=bad), dict(choices=["yes", "no"]), dict(regex=r"\d{3}")]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        futures = [pool.submit(gen.generate, "Ada Lovelace was 36. Answer.", max_tokens=30, **job) for job in jobs]
+    with pytest.raises(cs.InvalidSchema):
+        futures[1].result()
+    good = [futures[i].result() for i in (0, 2, 3)]
+    assert good[1].value in ("yes", "no") and len(good[2].text) <= 3
+    assert good[0].finish_reason != "stop" or good[0].value is not None

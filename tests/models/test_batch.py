@@ -1,0 +1,81 @@
+"""BatchRunner mechanics on a tiny random Llama: every row's logits equal a solo run's, through
+ragged feeds, joins, leaves, crops (holes) and compaction."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from cdsl_struct.models.batch import BatchRunner, Feed
+from cdsl_struct.models.runner import ModelRunner
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(3)
+    config = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    return LlamaForCausalLM(config).eval()
+
+
+def solo(model, sequence, keep=1):
+    return ModelRunner(model).run(sequence, keep=keep)
+
+
+def close(a, b):
+    return torch.allclose(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_rows_of_different_lengths_match_solo_runs(model):
+    runner = BatchRunner(model)
+    seqs = {"a": [1, 2, 3, 4, 5, 6, 7], "b": [9, 8], "c": [4]}
+    out = runner.run([Feed(r, s, 1) for r, s in seqs.items()])
+    for (row, seq), logits in zip(seqs.items(), out, strict=True):
+        assert close(logits, solo(model, seq)), row
+    assert runner.rows == 3 and runner.passes == 2  # one prefill pass for the new rows, one step
+
+
+def test_speculation_crop_join_leave_and_compaction(model):
+    runner = BatchRunner(model)
+    a, b = [1, 2, 3, 4], [7, 7, 8]
+    runner.run([Feed("a", a, 1), Feed("b", b, 1)])
+    # row a speculates three tokens and keeps one; row b keeps both of two
+    out = runner.run([Feed("a", a + [5, 6, 7], 4), Feed("b", b + [9, 10], 3)])
+    assert close(out[0], solo(model, a + [5, 6, 7], keep=4))
+    a, b = a + [5, 11], b + [9, 10, 12]  # a's rejected tail becomes a hole
+    runner.run([Feed("c", [3, 3, 3, 3, 3, 3, 3, 3, 3, 3], 1)])  # a longer row joins: the others are left-padded
+    out = runner.run([Feed("a", a, 1), Feed("b", b, 2), Feed("c", [3] * 10 + [4], 1)])
+    assert close(out[0], solo(model, a)) and close(out[1], solo(model, b, keep=2))
+    assert close(out[2], solo(model, [3] * 10 + [4]))
+    runner.release("c")
+    assert runner.rows == 2 and runner.held("a") == a
+    before = runner.physical_length
+    runner.compact()
+    assert runner.physical_length <= before and runner.physical_length == max(len(a), len(b))
+    out = runner.run([Feed("a", a + [13], 1), Feed("b", b + [14], 1)])
+    assert close(out[0], solo(model, a + [13])) and close(out[1], solo(model, b + [14]))
+    runner.release("a")
+    runner.release("b")
+    assert runner.rows == 0 and runner.cache is None
+
+
+def test_unfed_rows_keep_their_cache(model):
+    runner = BatchRunner(model)
+    runner.run([Feed("a", [1, 2, 3], 1), Feed("b", [4, 5], 1)])
+    runner.run([Feed("a", [1, 2, 3, 6], 1)])  # b sits this step out
+    out = runner.run([Feed("b", [4, 5, 6], 1)])
+    assert close(out[0], solo(model, [4, 5, 6]))
+
+
+def test_bad_feeds_are_refused(model):
+    from cdsl_struct.errors import CdslError
+
+    runner = BatchRunner(model)
+    with pytest.raises(CdslError):
+        runner.run([Feed("a", [1, 2], 3)])
+    with pytest.raises(CdslError):
+        runner.run([Feed("a", [1, 2], 1), Feed("a", [1, 2], 1)])
+
+
+def test_kv_bytes_per_token(model):
+    # 2 (keys, values) x 2 layers x 2 kv heads x head_dim 8 x 4 bytes
+    assert BatchRunner(model).kv_bytes_per_token() == 2 * 2 * 2 * 8 * 4
