@@ -58,7 +58,10 @@ class JsonSchema(ConstraintSpec):
 
     @property
     def key(self) -> str:
-        return "json:" + json.dumps(self.schema, sort_keys=True, ensure_ascii=False)
+        """The schema as JSON, keys in their given order: the engines emit object properties in
+        ``properties`` order, so two schemas that differ only in that order are different
+        constraints. (``model`` is not part of it: the compiler keeps it per spec.)"""
+        return "json:" + json.dumps(self.schema, ensure_ascii=False)
 
 
 @dataclass(frozen=True)

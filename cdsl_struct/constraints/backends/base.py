@@ -23,6 +23,16 @@ class EngineProgram(ABC):
 
 
 class Backend(Protocol):
+    """An engine. ``compile`` raises a ``CompileError`` subclass when the engine refuses the spec
+    (translated from the engine's own errors, where their meaning is known); any other exception
+    is a bug and is not caught by ``compile()``.
+
+    ``enforces_timeout``: when true, ``compile`` also takes ``timeout=`` (seconds or ``None``) and
+    stops the engine itself when it passes; otherwise (the default) the compiler runs ``compile`` in
+    a thread and abandons it at the timeout, which is only sound for an engine whose own limits
+    bound its work.
+    """
+
     name: str
 
     def compile(

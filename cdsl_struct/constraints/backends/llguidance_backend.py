@@ -3,6 +3,12 @@
 Compiling builds one prototype ``LLMatcher``; each state is a ``deep_copy`` of it, so a state
 costs microseconds. Unknown schema keywords are errors (``lenient`` is forced off) and
 whitespace options are forced by our policy, so no schema can loosen either.
+
+llguidance bounds its own work (``LLParserLimits`` defaults: 1M lexer fuel, about 20 ms, for the
+regexes, 500k grammar symbols, 250k lexer states), so a compile takes milliseconds, at worst
+about a second; the compiler runs it in a thread and a timed-out one ends by itself within those
+limits. Its ``ValueError`` for a schema it cannot convert and its matcher errors become typed
+``CompileError`` subclasses here.
 """
 
 from __future__ import annotations
@@ -115,7 +121,10 @@ class LLGuidanceProgram(EngineProgram):
 
 
 class LLGuidanceBackend:
+    """Compiles every spec kind into a prototype ``LLMatcher``."""
+
     name = NAME
+    enforces_timeout = False  # bounded by llguidance's own limits; see the module docstring
 
     def compile(
         self, spec: ConstraintSpec, vocabulary: TokenVocabulary, whitespace: WhitespacePolicy

@@ -5,6 +5,12 @@ table lookup; compiling can be slow for large schemas. ``build_regex_from_schema
 keywords it does not know, which would silently loosen the constraint, so every schema is
 first checked against the keywords it honours exactly (``outlines_core_schema``) and anything
 else is an ``UnsupportedFeature``.
+
+Building the ``Index`` has no limit of its own, so a compile with a timeout builds it in a
+worker process that is killed when the timeout passes (``outlines_core_process``); without a
+timeout it is built in the calling thread. The engine's ``ValueError`` / ``RuntimeError`` for a
+regex or schema it cannot handle become typed ``CompileError`` subclasses here; anything else is
+a bug and propagates as itself.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from ..state import ConstraintState
 from ..vocabulary import TokenVocabulary
 from ..whitespace import WhitespacePolicy
 from .base import EngineProgram
+from .outlines_core_process import WORKERS, EngineRejected
 from .outlines_core_schema import check_schema_supported
 
 NAME = "outlines-core"
@@ -45,7 +52,7 @@ def _regex_for(spec: ConstraintSpec, whitespace: WhitespacePolicy) -> str:
         check_schema_supported(spec.schema)
         try:
             return outlines_core.json_schema.build_regex_from_schema(json.dumps(spec.schema), whitespace.pattern)
-        except (ValueError, TypeError, RuntimeError) as exc:
+        except (ValueError, RuntimeError) as exc:
             raise CompileError(f"outlines-core: {exc}") from None
     if isinstance(spec, (Regex, Choice)):
         return spec.pattern
@@ -109,24 +116,37 @@ class OutlinesProgram(EngineProgram):
         return tokens[:accepted]
 
 
+def _index_error(message: str, spec: ConstraintSpec) -> CompileError:
+    """The typed error for outlines-core refusing to build an ``Index``."""
+    if isinstance(spec, Regex) and ("parse" in message.lower() or "syntax" in message.lower()):
+        return GrammarSyntaxError(f"outlines-core: {message}")
+    return CompileError(f"outlines-core: {message}")
+
+
 class OutlinesCoreBackend:
+    """Compiles regexes, choices and JSON Schemas into outlines-core ``Index`` automata."""
+
     name = NAME
+    enforces_timeout = True
+    """``compile`` takes ``timeout=`` and stops the engine itself (by killing its worker)."""
 
     def compile(
-        self, spec: ConstraintSpec, vocabulary: TokenVocabulary, whitespace: WhitespacePolicy
+        self, spec: ConstraintSpec, vocabulary: TokenVocabulary, whitespace: WhitespacePolicy,
+        timeout: float | None = None,
     ) -> OutlinesProgram:
+        """Compile ``spec``; ``CompileTimeout`` after ``timeout`` seconds (``None``: no limit)."""
         # Anchoring works around an outlines-core 0.2.14 Index bug: without it, tokens that
         # continue past a state where the text is already a full match are dropped
         # (after "1", the "." of "1.5" would be unreachable for a number).
         regex = f"(?:{_regex_for(spec, whitespace)})\\z"
         oc_vocabulary = vocabulary.engine_object(NAME, _oc_vocabulary)
         try:
-            index = outlines_core.Index(regex, oc_vocabulary)
-        except (ValueError, TypeError, RuntimeError) as exc:
-            message = str(exc)
-            if isinstance(spec, Regex) and ("parse" in message.lower() or "syntax" in message.lower()):
-                raise GrammarSyntaxError(f"outlines-core: {message}") from None
-            raise CompileError(f"outlines-core: {message}") from None
+            if timeout is None:
+                index = outlines_core.Index(regex, oc_vocabulary)
+            else:
+                index = WORKERS.build_index(regex, vocabulary, oc_vocabulary, timeout)
+        except (ValueError, RuntimeError, EngineRejected) as exc:
+            raise _index_error(str(exc), spec) from None
         return OutlinesProgram(index, vocabulary)
 
 

@@ -1,0 +1,148 @@
+"""compile() keeps each pydantic model, stops timed-out engines, and lets bugs surface."""
+
+import os
+import signal
+import threading
+import time
+
+import psutil
+import pydantic
+import pytest
+
+from cdsl_struct import CompileError, CompileTimeout, JsonSchema, Regex, UnsupportedFeature, compile
+from cdsl_struct.constraints.backends.llguidance_backend import LLGuidanceBackend
+from cdsl_struct.constraints.backends.outlines_core_backend import OutlinesCoreBackend
+from cdsl_struct.constraints.backends.outlines_core_process import WORKERS
+from cdsl_struct.result import parse_value
+
+SLOW_ON_OUTLINES_CORE = r"\w{1,200}"  # ~50 s to index on GPT-2's vocabulary
+
+
+def _pet_model() -> type[pydantic.BaseModel]:
+    """A new class each call, all with the same name and fields (as in two modules)."""
+
+    class Pet(pydantic.BaseModel):
+        name: str
+        age: int
+
+    return Pet
+
+
+Cat, Dog = _pet_model(), _pet_model()
+
+
+def test_models_with_one_schema_each_keep_their_class():
+    assert Cat is not Dog and Cat.model_json_schema() == Dog.model_json_schema()
+    cat = compile(JsonSchema(Cat), "smollm2")
+    dog = compile(JsonSchema(Dog), "smollm2")
+    assert cat.spec.model is Cat and dog.spec.model is Dog
+    assert compile(JsonSchema(Cat), "smollm2").spec.model is Cat
+    assert isinstance(parse_value(dog.spec, '{"name":"Rex","age":3}'), Dog)
+    plain = compile(JsonSchema(Dog.model_json_schema()), "smollm2")
+    assert plain.spec.model is None
+    assert cat.program is dog.program is plain.program  # the engine compiled the schema once
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "outlines-core"])
+def test_property_order_is_part_of_the_constraint(vocab_of, backend):
+    def schema(order):
+        return {"type": "object", "properties": {k: {"type": "integer"} for k in order},
+                "required": ["a", "b"], "additionalProperties": False}
+
+    vocab = vocab_of("gpt2")
+    tokens = vocab.encode('{"a":1,"b":2}')
+    ab = compile(JsonSchema(schema("ab")), vocab, backend=backend)
+    ba = compile(JsonSchema(schema("ba")), vocab, backend=backend)
+    assert ab is not ba
+    assert ab.new_state().validate(tokens) == len(tokens)
+    assert ba.new_state().validate(tokens) < len(tokens)
+
+
+def _child_pids() -> set[int]:
+    return {child.pid for child in psutil.Process().children(recursive=True)}
+
+
+def test_outlines_core_timeout_stops_the_engine(vocab_of):
+    vocab = vocab_of("gpt2")
+    compile(Regex("warm[0-9]"), vocab, backend="outlines-core", timeout=30, cache=False)
+    workers = set(WORKERS.idle_pids())
+    workers_were_alive = workers <= _child_pids()
+    start = time.monotonic()
+    with pytest.raises(CompileTimeout, match="longer than 1 s"):
+        compile(Regex(SLOW_ON_OUTLINES_CORE), vocab, backend="outlines-core", timeout=1.0, cache=False)
+    assert time.monotonic() - start < 1.0 + 1.0
+    assert not [t for t in threading.enumerate() if t.name.startswith("cdsl-compile-outlines")]
+    assert workers and workers_were_alive
+    gone = workers - set(WORKERS.idle_pids())
+    assert len(gone) == 1 and not gone & _child_pids()  # the busy worker was killed and reaped
+    assert compile(Regex("after[0-9]"), vocab, backend="outlines-core", timeout=30, cache=False)
+
+
+def test_auto_falls_back_when_outlines_core_times_out(vocab_of, monkeypatch):
+    def refuse(self, spec, vocabulary, whitespace):
+        raise UnsupportedFeature("not today", feature="test")
+
+    monkeypatch.setattr(LLGuidanceBackend, "compile", refuse)
+    start = time.monotonic()
+    with pytest.raises(UnsupportedFeature) as info:
+        compile(Regex(SLOW_ON_OUTLINES_CORE), vocab_of("gpt2"), timeout=0.5, cache=False)
+    assert time.monotonic() - start < 0.5 + 1.0
+    assert [name for name, _ in info.value.attempts] == ["llguidance", "outlines-core"]
+    assert "longer than 0.5 s" in info.value.attempts[1][1]
+
+
+def test_a_worker_that_died_while_idle_is_replaced(vocab_of):
+    vocab = vocab_of("gpt2")
+    compile(Regex("idle[0-9]"), vocab, backend="outlines-core", timeout=30, cache=False)
+    for pid in WORKERS.idle_pids():
+        os.kill(pid, signal.SIGKILL)
+    time.sleep(0.1)
+    compiled = compile(Regex("fresh[0-9]"), vocab, backend="outlines-core", timeout=30, cache=False)
+    assert compiled.backend == "outlines-core"
+
+
+@pytest.mark.parametrize("timeout", [None, 30])
+def test_outlines_core_refusals_are_typed_in_and_out_of_process(vocab_of, timeout):
+    with pytest.raises(CompileError, match="word boundar"):
+        compile(Regex(r"a\b"), vocab_of("gpt2"), backend="outlines-core", timeout=timeout, cache=False)
+
+
+@pytest.mark.parametrize("timeout", [None, 30])
+def test_a_bug_in_a_backend_surfaces_without_fallback(vocab_of, monkeypatch, timeout):
+    called = []
+
+    def broken(self, *args, **kwargs):
+        raise AttributeError("'NoneType' object has no attribute 'schema'")
+
+    def record(self, *args, **kwargs):
+        called.append(args)
+        raise AssertionError("auto must not fall back on a bug")
+
+    monkeypatch.setattr(LLGuidanceBackend, "compile", broken)
+    monkeypatch.setattr(OutlinesCoreBackend, "compile", record)
+    with pytest.raises(AttributeError, match="no attribute 'schema'"):
+        compile(Regex("bug[0-9]"), vocab_of("gpt2"), backend="auto", timeout=timeout, cache=False)
+    assert not called
+
+
+def test_a_bug_in_the_fallback_backend_surfaces(vocab_of, monkeypatch):
+    def refuse(self, spec, vocabulary, whitespace):
+        raise UnsupportedFeature("not today", feature="test")
+
+    def broken(self, *args, **kwargs):
+        raise TypeError("unexpected argument")
+
+    monkeypatch.setattr(LLGuidanceBackend, "compile", refuse)
+    monkeypatch.setattr(OutlinesCoreBackend, "compile", broken)
+    with pytest.raises(TypeError, match="unexpected argument"):
+        compile(Regex("bug[0-9]"), vocab_of("gpt2"), backend="auto", cache=False)
+
+
+def test_unsupported_feature_still_falls_back(vocab_of, monkeypatch):
+    def refuse(self, spec, vocabulary, whitespace):
+        raise UnsupportedFeature("llguidance: not today", feature="test", backend="llguidance")
+
+    monkeypatch.setattr(LLGuidanceBackend, "compile", refuse)
+    compiled = compile(Regex("fall[0-9]"), vocab_of("gpt2"), backend="auto", cache=False)
+    assert compiled.backend == "outlines-core"
+    assert compiled.skipped == [("llguidance", "llguidance: not today")]
