@@ -33,6 +33,7 @@ from .decoding.lookahead import CDLH, CDSL
 from .models.batch import BatchRunner
 from .models.loading import LoadedModel, load_model
 from .models.runner import ModelRunner, self_draft
+from .options import METHODS
 from .prompts import prompt_ids
 from .result import DecodeStats, Result
 from .rewards import KeywordCoverage, Reward, WeightedMean
@@ -40,7 +41,6 @@ from .rewards.base import as_reward
 from .streaming import MarkerHoldback, TextDeltas, stream_in_thread
 from .tools import CALL_MARKER, InvalidToolCall, ToolRequest, auto_choice_pattern, parse_tool_calls, tool_request
 
-METHODS = ("auto", "target", "speculative", "cdlh", "cdsl")
 FREE_TEXT = r"[\s\S]*"
 """The constraint of an unconstrained answer: any text (special tokens excluded), EOS anywhere."""
 AUTO_DRAFT = "lookup"

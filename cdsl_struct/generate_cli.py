@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import CdslError
+from .options import BACKENDS, METHODS
 
-METHODS = ("auto", "target", "speculative", "cdlh", "cdsl")
 EXIT_ERROR = 2
 EXIT_INCOMPLETE = 3
 
@@ -43,7 +43,7 @@ def add_generate_parser(commands: Any) -> argparse.ArgumentParser:
                      help="model: smollm2 (embedded default), gemma3-270m, an HF id, a folder or a .gguf file")
     gen.add_argument("--draft", default="auto",
                      help="draft: auto (prompt lookup), none, lookup, bf16, layers:N or a model (default auto)")
-    gen.add_argument("--backend", default="auto", choices=["auto", "llguidance", "outlines-core"],
+    gen.add_argument("--backend", default="auto", choices=BACKENDS,
                      help="constraint engine (default auto)")
     add_device_arguments(gen)
     gen.add_argument("--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")

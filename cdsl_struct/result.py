@@ -9,8 +9,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .tools import ToolCall
 
-FINISH_REASONS = ("stop", "length", "constraint_dead_end")
-
 
 @dataclass
 class DecodeStats:
@@ -51,7 +49,8 @@ class Result:
     """A decoded output. ``value`` is set only when the output is complete (valid).
 
     ``finish_reason``: ``stop`` (EOS at a complete state), ``length`` (``max_tokens`` reached),
-    or ``constraint_dead_end`` (no token was allowed). ``tool_calls`` holds the parsed calls when
+    ``constraint_dead_end`` (no token was allowed) or ``cancelled`` (the row was cancelled in the
+    batched engine). ``tool_calls`` holds the parsed calls when
     the model called tools (``value`` is then that list). ``method`` names the decoder that ran
     (set by ``Generator.generate``).
     """

@@ -24,7 +24,6 @@ import jsonschema
 from .constraints.specs import check_json_schema, escape_regex
 
 CALL_MARKER = "<tool_call>"
-TOOL_CHOICES = ("auto", "required", "none")
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 

@@ -31,7 +31,16 @@ from ..constraints import CompiledConstraint, ConstraintState
 from ..constraints.mask import allocate_bitmask, allowed_tokens, apply_bitmask
 from ..models.runner import ModelRunner
 from ..rewards.base import Reward, as_reward
-from .loop import Proposal, Proposer, Session, fill_deferred_masks, forced_proposer, mask_positions, verify
+from .loop import (
+    Proposal,
+    Proposer,
+    Session,
+    draft_pass,
+    fill_deferred_masks,
+    forced_proposer,
+    mask_positions,
+    verify,
+)
 from .sampling import choose, distribution, masked_logits
 
 CDSL_STATES = ("accept", "reject_acceptance", "reject_reward", "reject_both")
@@ -201,11 +210,7 @@ class GuidedDraft:
     def propose(self, session: Session, proposal: Proposal, budget: int) -> None:
         end = len(proposal.tokens) + budget
         while len(proposal.tokens) < end:
-            positions, seconds = self.runner.positions, self.runner.seconds
-            logits = self.runner.run(session.sequence + proposal.tokens, keep=1)[-1]
-            session.stats.draft_passes += 1
-            session.stats.draft_positions += self.runner.positions - positions
-            session.stats.draft_seconds += self.runner.seconds - seconds
+            logits = draft_pass(session, self.runner, proposal.tokens)
             mask = session.current_mask()
             logp = torch.log_softmax(masked_logits(logits, mask), dim=-1)
             finite = int(torch.isfinite(logp).sum())

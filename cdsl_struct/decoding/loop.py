@@ -93,6 +93,16 @@ class Session:
         proposal.draft_probs.append(probs)
 
 
+def draft_pass(session: Session, runner: ModelRunner, tokens: Sequence[int]) -> torch.Tensor:
+    """The draft's logits after ``session.sequence + tokens`` (one pass, counted in the session's stats)."""
+    positions, seconds = runner.positions, runner.seconds
+    logits = runner.run(session.sequence + list(tokens), keep=1)[-1]
+    session.stats.draft_passes += 1
+    session.stats.draft_positions += runner.positions - positions
+    session.stats.draft_seconds += runner.seconds - seconds
+    return logits
+
+
 def forced_proposer() -> Proposer:
     """Tokens the constraint forces next: free to propose, verified like any other draft."""
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from ..models.runner import ModelRunner
-from .loop import Proposal, Proposer, Session
+from .loop import Proposal, Proposer, Session, draft_pass
 from .sampling import distribution, masked_logits
 
 
@@ -31,11 +31,7 @@ class DraftModelProposer:
 
     def propose(self, session: Session, proposal: Proposal, budget: int) -> None:
         for _ in range(budget):
-            positions, seconds = self.runner.positions, self.runner.seconds
-            logits = self.runner.run(session.sequence + proposal.tokens, keep=1)[-1]
-            session.stats.draft_passes += 1
-            session.stats.draft_positions += self.runner.positions - positions
-            session.stats.draft_seconds += self.runner.seconds - seconds
+            logits = draft_pass(session, self.runner, proposal.tokens)
             mask = session.current_mask()
             proposal.masks.append(mask)
             draft_logits = masked_logits(logits, mask)

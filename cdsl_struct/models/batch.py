@@ -146,6 +146,7 @@ class BatchRunner:
                 common += 1
             self.crop(feed.row, common)
             tails[feed.row] = feed.sequence[common:]
+        self._trim_right()
         width = max(len(t) for t in tails.values())
         keep = max(f.keep for f in feeds)
         logits = self._forward([tails.get(row, []) for row in self.order], width, keep)
@@ -174,9 +175,12 @@ class BatchRunner:
             self.slots[row].extend(range(base + pad, base + width))
             self.tokens[row].extend(tail)
         self.valid = torch.cat([self.valid, fresh], dim=1)
-        out = self.model(input_ids=ids.to(self.device), attention_mask=self.valid.to(self.device, torch.long),
-                         position_ids=positions.to(self.device), past_key_values=self.cache, use_cache=True,
-                         logits_to_keep=keep)
+        if bool(self.valid.all()):  # no padding and no holes: every row's positions are its physical ones
+            mask = position_ids = None
+        else:
+            mask, position_ids = self.valid.to(self.device, torch.long), positions.to(self.device)
+        out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=position_ids,
+                         past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
         self.cache = out.past_key_values
         self.passes += 1
         self.positions += sum(len(t) for t in tails)
@@ -257,6 +261,16 @@ class BatchRunner:
         self.valid = self.valid[:, first:]
         for row in self.order:
             self.slots[row] = [p - first for p in self.slots[row]]
+
+    def _trim_right(self) -> None:
+        """Drop trailing positions no row uses (a lone row's rejected speculation leaves no hole)."""
+        used = self.valid.any(dim=0).nonzero()
+        end = int(used[-1]) + 1 if len(used) else 0
+        if end == self.physical_length or self.cache is None:
+            return
+        for layer in self.cache.layers:
+            layer.keys, layer.values = layer.keys[:, :, :end], layer.values[:, :, :end]
+        self.valid = self.valid[:, :end]
 
     def _maybe_compact(self) -> None:
         longest = max((len(s) for s in self.slots.values()), default=0)

@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from ..generate_cli import add_device_arguments
+from ..options import BACKENDS
 
 INSTALL_HINT = "cdsl-struct serve needs the server extra: pip install 'cdsl_struct[server]'"
 
@@ -26,7 +27,7 @@ def add_serve_parser(commands: Any) -> argparse.ArgumentParser:
     serve.add_argument("--draft", default="auto",
                        help="speculative-decoding draft: auto, none, lookup, bf16, layers:N or a model (default auto)")
     add_device_arguments(serve)
-    serve.add_argument("--backend", default="auto", choices=["auto", "llguidance", "outlines-core"],
+    serve.add_argument("--backend", default="auto", choices=BACKENDS,
                        help="constraint engine (default auto)")
     serve.add_argument("--whitespace", default="compact",
                        help="JSON whitespace: compact, spaced, flexible or a bounded regex (default compact)")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from ...options import ENGINES
 from .base import EngineProgram, get_backend
 
-BACKEND_NAMES: tuple[str, ...] = ("llguidance", "outlines-core")
+BACKEND_NAMES: tuple[str, ...] = ENGINES
 
 __all__ = ["BACKEND_NAMES", "EngineProgram", "get_backend"]
