@@ -17,7 +17,6 @@ masked distributions and advance the one constraint state) and count what they c
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections import Counter
@@ -112,8 +111,7 @@ def greedy_rollouts(session: Session, runner: ModelRunner, sequence: list[int], 
         states.append(twin)
     if not runner.hold(sequence):
         runner.run(sequence, keep=1)  # cache exactly the sequence
-    cache = copy.deepcopy(runner.cache)
-    cache.batch_repeat_interleave(len(candidates))
+    cache = _repeated_rows(runner.cache, len(candidates))
     rollouts: list[list[int]] = [[] for _ in candidates]
     feed = list(candidates)
     row = allocate_bitmask(session.compiled.vocab_size)
@@ -136,6 +134,17 @@ def greedy_rollouts(session: Session, runner: ModelRunner, sequence: list[int], 
             rollouts[i].append(token)
             feed[i] = token
     return rollouts, [state_ended(s, session.compiled) for s in states]
+
+
+def _repeated_rows(cache: Any, repeats: int) -> Any:
+    """A new cache holding the row of ``cache`` ``repeats`` times; the runner's own cache is left as it
+    is, so the roll-outs need no copy of it (the repeat is the only copy)."""
+    from transformers import DynamicCache
+
+    rows = DynamicCache()
+    for index, layer in enumerate(cache.layers):
+        rows.update(layer.keys.repeat_interleave(repeats, 0), layer.values.repeat_interleave(repeats, 0), index)
+    return rows
 
 
 @torch.inference_mode()
