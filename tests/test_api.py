@@ -216,12 +216,18 @@ def test_a_list_of_prompts_decodes_as_one_batch_and_matches_single_calls(gen):
 def test_concurrent_callers_with_a_bad_schema_fail_alone(gen):
     from concurrent.futures import ThreadPoolExecutor
 
+    def failing_reward(text, final):
+        raise RuntimeError("reward failed")
+
     bad = {"type": "object", "properties": {"a": {"type": "nonsense"}}}
-    jobs = [dict(schema=PERSON), dict(schema=bad), dict(choices=["yes", "no"]), dict(regex=r"\d{3}")]
+    jobs = [dict(schema=PERSON), dict(schema=bad), dict(choices=["yes", "no"]), dict(regex=r"\d{3}"),
+            dict(reward=failing_reward, method="cdlh")]
     with ThreadPoolExecutor(len(jobs)) as pool:
         futures = [pool.submit(gen.generate, "Ada Lovelace was 36. Answer.", max_tokens=30, **job) for job in jobs]
     with pytest.raises(cs.InvalidSchema):
         futures[1].result()
+    with pytest.raises(RuntimeError, match="reward failed"):
+        futures[4].result()
     good = [futures[i].result() for i in (0, 2, 3)]
     assert good[1].value in ("yes", "no") and len(good[2].text) <= 3
     assert good[0].finish_reason != "stop" or good[0].value is not None
