@@ -41,6 +41,21 @@ def main(argv: list[str] | None = None) -> int:
     spec.add_argument("--json", dest="json_out", help="write runs and summary here")
     spec.add_argument("--no-progress", action="store_true")
 
+    thr = bench.add_parser("throughput", help="batched engine: tokens/s, latency and batch invariance by batch size")
+    thr.add_argument("--batch", default="1,4,8,16", help="comma-separated batch sizes (1 is always run, first)")
+    thr.add_argument("--requests", type=int, default=32, help="requests in the mixed workload (default 32)")
+    thr.add_argument("--max-tokens", type=int, default=64)
+    thr.add_argument("--k", type=int, default=6, help="tokens proposed per step by the prompt-lookup rows")
+    thr.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); HF stays greedy")
+    thr.add_argument("--model", default="smollm2", help="target model (default: the embedded SmolLM2)")
+    thr.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    thr.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    thr.add_argument("--hf-requests", type=int, default=16, help="HF baseline over the first N requests")
+    thr.add_argument("--no-hf", action="store_true", help="skip the transformers generate baseline")
+    thr.add_argument("--no-unconstrained", action="store_true", help="skip the unconstrained run")
+    thr.add_argument("--json", dest="json_out", help="write config, per-request rows and summary here")
+    thr.add_argument("--no-progress", action="store_true")
+
     gen = bench.add_parser("commongen", help="CommonGen keyword coverage: greedy vs CDLH vs CDSL")
     _commongen_arguments(gen)
 
@@ -63,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         return _maskbench(args)
     if args.command == "bench" and args.bench == "speculative":
         return _speculative(args)
+    if args.command == "bench" and args.bench == "throughput":
+        return _throughput(args)
     if args.command == "bench" and args.bench == "commongen":
         return _commongen(args)
     if args.command == "tokenizers":
@@ -94,6 +111,19 @@ def _speculative(args: argparse.Namespace) -> int:
                                model=args.model, with_hf=not args.no_hf)
     report = run_speculative_bench(load_tasks(args.prompts), config, progress=not args.no_progress)
     return _report(report, format_table(report["summary"]), args.json_out)
+
+
+def _throughput(args: argparse.Namespace) -> int:
+    from .bench.throughput import ThroughputConfig, format_table, run_throughput_bench
+
+    config = ThroughputConfig(
+        batch_sizes=tuple(int(b) for b in args.batch.split(",") if b.strip()), requests=args.requests,
+        max_tokens=args.max_tokens, k=args.k, temperature=args.temperature, model=args.model, device=args.device,
+        threads=args.threads, with_hf=not args.no_hf, hf_requests=args.hf_requests,
+        with_unconstrained=not args.no_unconstrained,
+    )
+    report = run_throughput_bench(config, progress=not args.no_progress)
+    return _report(report, format_table(report), args.json_out)
 
 
 def _commongen_arguments(gen: argparse.ArgumentParser) -> None:
