@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from .generate_cli import add_generate_parser, run_generate
+from .options import BACKENDS
 from .server.cli import add_serve_parser, run_serve
 
 
@@ -20,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     mask = bench.add_parser("maskbench", help="JSONSchemaBench/MaskBench: compile + mask correctness and speed")
     mask.add_argument("--data", required=True, help="a .jsonl(.gz) file or a folder of them")
     mask.add_argument("--tokenizer", default="llama3", help="tokenizer name, path or HF id (default llama3)")
-    mask.add_argument("--backend", default="auto", choices=["auto", "llguidance", "outlines-core"])
+    mask.add_argument("--backend", default="auto", choices=BACKENDS)
     mask.add_argument("--limit", type=int, default=None, help="sample this many cases across all files")
     mask.add_argument("--seed", type=int, default=0, help="seed of the --limit sample")
     mask.add_argument("--timeout", type=float, default=30.0, help="compile time budget per case, seconds")
