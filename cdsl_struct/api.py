@@ -119,8 +119,8 @@ class Generator:
         return self.loaded.device
 
     def close(self) -> None:
-        """Stop the engine's thread (rows still running stay unfinished)."""
-        self.engine.stop()
+        """Stop the engine's threads (rows still running stay unfinished)."""
+        self.engine.close()
 
     # --- public -------------------------------------------------------------------------------
 

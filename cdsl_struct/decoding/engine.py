@@ -49,6 +49,9 @@ class RequestCancelled(CdslError):
 class Request:
     """One sequence for the engine: prompt ids, constraint, sampling, budget and draft sources.
 
+    In its Result's stats, ``target_passes`` / ``target_positions`` count the batched passes the
+    row took part in and its own tokens in them; ``target_seconds`` and ``prefill_seconds`` are
+    the wall time of those passes, shared with the other rows (so they do not add up over rows).
     ``proposers`` are this request's own (a draft model proposer must not be shared between
     rows: see ``DraftModelProposer.fork``). ``on_tokens`` receives each step's committed tokens
     on the engine's thread. ``wait`` returns the Result or raises the row's error.
@@ -189,7 +192,8 @@ class BatchEngine:
 
     def run(self, requests: Sequence[Request]) -> list[Result]:
         """Submit ``requests`` and step until all of them end (in this thread unless the engine is
-        started); their Results in order (a row's error is raised)."""
+        started); their Results in order. The first failed row's error is raised once all have
+        ended; every row's own outcome stays on its ``Request`` (``result`` / ``error``)."""
         for request in requests:
             self.submit(request)
         if self._thread is None:
@@ -220,6 +224,13 @@ class BatchEngine:
             thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join()
+
+    def close(self) -> None:
+        """Stop the loop and the mask threads; the engine takes no more steps."""
+        self.stop()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     def _loop(self) -> None:
         while True:
