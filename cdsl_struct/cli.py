@@ -57,6 +57,16 @@ def main(argv: list[str] | None = None) -> int:
     thr.add_argument("--json", dest="json_out", help="write config, per-request rows and summary here")
     thr.add_argument("--no-progress", action="store_true")
 
+    served = bench.add_parser("serve", help="json_schema chat requests against any OpenAI-compatible server")
+    served.add_argument("--url", default="http://127.0.0.1:8000/v1", help="the server's base URL")
+    served.add_argument("--model", default="smollm2", help="model name the server serves (default smollm2)")
+    served.add_argument("--requests", type=int, default=16, help="requests per concurrency level (default 16)")
+    served.add_argument("--concurrency", default="1,16", help="comma-separated levels (default 1,16)")
+    served.add_argument("--max-tokens", type=int, default=60)
+    served.add_argument("--tokenizer", default="smollm2", help="re-tokenises the answers for a fair token count")
+    served.add_argument("--label", default="", help="name of the server in the table")
+    served.add_argument("--json", dest="json_out", help="write rows and summary here")
+
     gen = bench.add_parser("commongen", help="CommonGen keyword coverage: greedy vs CDLH vs CDSL")
     _commongen_arguments(gen)
 
@@ -83,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         return _throughput(args)
     if args.command == "bench" and args.bench == "commongen":
         return _commongen(args)
+    if args.command == "bench" and args.bench == "serve":
+        return _serve_bench(args)
     if args.command == "tokenizers":
         return _tokenizers(args)
     if args.command == "models":
@@ -124,6 +136,16 @@ def _throughput(args: argparse.Namespace) -> int:
         with_unconstrained=not args.no_unconstrained,
     )
     report = run_throughput_bench(config, progress=not args.no_progress)
+    return _report(report, format_table(report), args.json_out)
+
+
+def _serve_bench(args: argparse.Namespace) -> int:
+    from .bench.serving import ServeBenchConfig, format_table, run_serve_bench
+
+    config = ServeBenchConfig(base_url=args.url, model=args.model, requests=args.requests,
+                              concurrency=tuple(int(c) for c in args.concurrency.split(",") if c.strip()),
+                              max_tokens=args.max_tokens, tokenizer=args.tokenizer, label=args.label)
+    report = run_serve_bench(config)
     return _report(report, format_table(report), args.json_out)
 
 

@@ -35,8 +35,9 @@ from ..constraints.mask import apply_bitmask
 from ..errors import CdslError
 from ..models.batch import BatchRunner, Feed
 from ..result import DecodeStats, Result
-from .loop import Proposal, Proposer, Session, commit, fill_deferred_masks, finish, propose
+from .loop import Proposal, Proposer, Session, commit, fill_deferred_masks, finish, propose, truncate
 from .sampling import SamplingParams
+from .width import StepWidth
 
 _ids = itertools.count()
 
@@ -142,6 +143,7 @@ class EngineStats:
 
     steps: int = 0
     rows_stepped: int = 0
+    positions: int = 0
     forward_seconds: float = 0.0
     mask_seconds: float = 0.0
     mask_wait_seconds: float = 0.0
@@ -155,6 +157,7 @@ class EngineStats:
 
     def as_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "mean_rows": round(self.rows_stepped / self.steps, 3) if self.steps else 0.0,
+                "mean_width": round(self.positions / self.rows_stepped, 3) if self.rows_stepped else 0.0,
                 "forward_seconds": round(self.forward_seconds, 4), "mask_seconds": round(self.mask_seconds, 4),
                 "mask_wait_seconds": round(self.mask_wait_seconds, 4),
                 "mask_hidden_share": round(self.mask_hidden_share, 4)}
@@ -166,13 +169,16 @@ class BatchEngine:
     ``max_batch_size`` bounds the rows per forward; ``kv_budget_bytes`` the padded KV cache
     (default: a quarter of the memory available on the model's device). ``mask_workers``
     threads compute masks while the forward runs (0: in the engine thread, after it).
+    ``adaptive_width``: cut each step's speculation to the width a cost model of the forward
+    says pays for its padding (``StepWidth``); False feeds every proposal whole.
     ``start()`` runs the step loop on a background thread, so that requests submitted from
     many threads share steps (what ``Generator`` and the server use).
     """
 
     def __init__(self, runner: BatchRunner, *, max_batch_size: int = 16, kv_budget_bytes: float | None = None,
-                 mask_workers: int = 2) -> None:
+                 mask_workers: int = 2, adaptive_width: bool = True) -> None:
         self.runner = runner
+        self.width = StepWidth() if adaptive_width else None
         budget = kv_budget_bytes if kv_budget_bytes is not None else default_kv_budget(runner.device)
         self.scheduler = Scheduler(max_batch_size, budget, runner.kv_bytes_per_token())
         self.stats = EngineStats()
@@ -267,15 +273,22 @@ class BatchEngine:
             rows.append((request, proposal))
         if not rows:
             return
+        if self.width is not None:
+            width = self.width.choose([p for _, p in rows])
+            for request, proposal in rows:
+                truncate(request.session, proposal, width - 1)
         feeds = [Feed(r.request_id, r.session.sequence + p.tokens, len(p.tokens) + 1) for r, p in rows]
         mask_before = sum(r.session.state.mask_seconds for r, _ in rows)
         pending = self._masks_async(rows)
         started = time.perf_counter()
         logits = self.runner.run(feeds)
         forward = time.perf_counter() - started
+        if self.width is not None:
+            self.width.observe_pass(self.runner.last_positions, forward - self.runner.last_prefill_seconds)
         masks_ok = self._wait_masks(rows, pending, mask_before)
         self.stats.steps += 1
         self.stats.rows_stepped += len(rows)
+        self.stats.positions += sum(len(p.tokens) + 1 for _, p in rows)
         self.stats.forward_seconds += forward
         rows_logits = [(r, p, lg) for (r, p), lg, ok in zip(rows, logits, masks_ok, strict=True) if ok]
         if rows_logits:
@@ -329,7 +342,11 @@ class BatchEngine:
             stats.target_seconds += forward
             stats.target_positions += len(proposal.tokens) + 1
             try:
+                accepted_before = stats.accepted
                 committed = commit(session, proposal, masked[span], choices[span])
+                if self.width is not None:
+                    self.width.observe_verdict(proposal.drafted, max(0, stats.accepted - accepted_before
+                                                                     - proposal.forced))
                 if committed and request.on_tokens is not None:
                     request.on_tokens(committed)
             except Exception as exc:  # noqa: BLE001

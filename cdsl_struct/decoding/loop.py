@@ -191,6 +191,20 @@ def propose(session: Session, proposers: Sequence[Proposer], k: int, max_tokens:
     return proposal
 
 
+def truncate(session: Session, proposal: Proposal, keep: int) -> None:
+    """Drop all but the first ``keep`` proposed tokens, rolling the state back past them."""
+    drop = len(proposal.tokens) - keep
+    if drop <= 0:
+        return
+    session.state.rollback(drop)
+    forced = min(proposal.forced, keep)
+    session.stats.forced -= proposal.forced - forced
+    session.stats.proposed -= drop
+    proposal.forced = forced
+    del proposal.tokens[keep:], proposal.draft_probs[keep:], proposal.masks[keep + 1:]
+    proposal.steered = {i for i in proposal.steered if i < keep}
+
+
 def fill_deferred_masks(session: Session, proposal: Proposal) -> None:
     """Compute the masks proposers left as None, walking the state back over the proposal and
     forward again (it ends where it started)."""

@@ -26,6 +26,7 @@ import torch
 
 from ..errors import CdslError
 from .device import model_device
+from .prefix_cache import PrefixCache
 
 
 @dataclass
@@ -47,8 +48,10 @@ class BatchRunner:
     including padding), ``seconds``.
     """
 
-    def __init__(self, model: Any, name: str = "target", pad_token_id: int = 0) -> None:
+    def __init__(self, model: Any, name: str = "target", pad_token_id: int = 0,
+                 prefix_cache_bytes: int = 256 * 2**20) -> None:
         self.model = model
+        self.prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         self.name = name
         self.device = model_device(model)
         self.pad_token_id = pad_token_id
@@ -62,6 +65,7 @@ class BatchRunner:
         self.padded_positions = 0
         self.seconds = 0.0
         self.last_prefill_seconds = 0.0
+        self.last_positions = 0  # padded positions of the last step's pass (prefill excluded)
 
     # --- state --------------------------------------------------------------------------------
 
@@ -150,6 +154,7 @@ class BatchRunner:
         width = max(len(t) for t in tails.values())
         keep = max(f.keep for f in feeds)
         logits = self._forward([tails.get(row, []) for row in self.order], width, keep)
+        self.last_positions = self.rows * width
         result = []
         for feed in feeds:
             index = self.order.index(feed.row)
@@ -189,58 +194,79 @@ class BatchRunner:
         return out.logits.float()
 
     def _prefill(self, feeds: list[Feed]) -> None:
-        """Add the rows of ``feeds``: their sequences but the last ``keep`` tokens in one padded pass,
-        then merged into the batch cache (the shorter side is padded on the left)."""
+        """Add the rows of ``feeds``: each starts from the longest stored prefix of its sequence (but
+        the last ``keep`` tokens), the rest is fed in one padded pass of the new rows alone, and the
+        result is merged into the batch (the shorter side padded on the left)."""
+        bodies = [f.sequence[:len(f.sequence) - f.keep] for f in feeds]
+        seeds = [self.prefixes.lookup(body) if self.prefixes else (0, None) for body in bodies]
+        child = BatchRunner(self.model, self.name, self.pad_token_id, prefix_cache_bytes=0)
+        child._seed([f.row for f in feeds], bodies, seeds)
+        rest = [body[reused:] for body, (reused, _) in zip(bodies, seeds, strict=True)]
+        width = max(len(r) for r in rest)
+        if width:
+            child._forward(rest, width, 1)
+        if self.prefixes is not None:
+            for feed, body, (reused, _) in zip(feeds, bodies, seeds, strict=True):
+                if len(body) > reused:
+                    self.prefixes.store(body, child.row_kv(feed.row))
+        self.passes += child.passes
+        self.positions += child.positions
+        self.padded_positions += child.padded_positions
+        self.seconds += child.seconds
+        self._absorb(child)
+
+    def _seed(self, rows: list[Hashable], bodies: list[list[int]], seeds: list[tuple[int, Any]]) -> None:
+        """Start an empty runner with ``rows`` holding their reused prefixes (left-padded to the longest)."""
         from transformers import DynamicCache
 
-        bodies = [f.sequence[:len(f.sequence) - f.keep] for f in feeds]
-        width = max(len(b) for b in bodies)
-        old_rows, old_length = self.rows, self.physical_length
-        joined = [f.row for f in feeds]
-        if self.cache is None:
-            self.cache, self.valid = DynamicCache(), torch.zeros((0, 0), dtype=torch.bool)
-        if width == 0:
-            new_cache = None
-        else:
-            saved = (self.cache, self.valid, self.order, self.slots, self.tokens)
-            self.cache, self.valid, self.order = DynamicCache(), torch.zeros((len(feeds), 0), dtype=torch.bool), joined
-            self.slots, self.tokens = {r: [] for r in joined}, {r: [] for r in joined}
-            self._forward(bodies, width, 1)
-            new_cache, new_valid, new_slots, new_tokens = self.cache, self.valid, self.slots, self.tokens
-            self.cache, self.valid, self.order, self.slots, self.tokens = saved
-        length = max(old_length, width)
-        if old_rows and length > old_length:
-            self._pad_left(length - old_length)
-        self.order = self.order + joined
-        if new_cache is None:
-            self.slots.update({r: [] for r in joined})
-            self.tokens.update({r: [] for r in joined})
-            added_valid = torch.zeros((len(feeds), length), dtype=torch.bool)
-            if old_rows:
-                self._extend_rows(None, len(feeds), length)
-        else:
-            shift = length - width
-            self.slots.update({r: [p + shift for p in new_slots[r]] for r in joined})
-            self.tokens.update(new_tokens)
-            added_valid = torch.cat([torch.zeros((len(feeds), shift), dtype=torch.bool), new_valid], dim=1)
-            if old_rows:
-                self._extend_rows(new_cache, len(feeds), length, shift)
-            else:
-                self.cache = new_cache
-        self.valid = added_valid if not old_rows else torch.cat([self.valid, added_valid], dim=0)
+        length = max(reused for reused, _ in seeds)
+        self.order = list(rows)
+        self.valid = torch.zeros((len(rows), length), dtype=torch.bool)
+        self.cache = DynamicCache()
+        for index, (row, body, (reused, _)) in enumerate(zip(rows, bodies, seeds, strict=True)):
+            self.slots[row] = list(range(length - reused, length))
+            self.tokens[row] = list(body[:reused])
+            self.valid[index, length - reused:] = True
+        if length == 0:
+            return
+        model_kv = next(kv for _, kv in seeds if kv is not None)
+        for layer, (like, _) in enumerate(model_kv):
+            padded = [_seed_rows(kv, layer, length, like) for _, kv in seeds]
+            self.cache.update(torch.cat([k for k, _ in padded]), torch.cat([v for _, v in padded]), layer)
 
-    def _extend_rows(self, new_cache: Any, count: int, length: int, shift: int = 0) -> None:
-        """Append ``count`` rows to every layer: ``new_cache``'s (left-padded by ``shift``), or zeros."""
+    def row_kv(self, row: Hashable) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Copies of ``row``'s keys and values, per layer ``[1, heads, tokens, dim]``, in token order."""
+        index = self.order.index(row)
+        slots = torch.tensor(self.slots[row], device=self.device)
+        return [(layer.keys[index:index + 1].index_select(2, slots),
+                 layer.values[index:index + 1].index_select(2, slots)) for layer in self.cache.layers]
+
+    def _absorb(self, child: BatchRunner) -> None:
+        """Append ``child``'s rows (a runner on the same model) to this batch."""
+        if not self.order:
+            self.cache, self.valid, self.order = child.cache, child.valid, child.order
+            self.slots, self.tokens = child.slots, child.tokens
+            return
+        length = max(self.physical_length, child.physical_length)
+        if length > self.physical_length:
+            self._pad_left(length - self.physical_length)
+        shift = length - child.physical_length
+        child_layers = child.cache.layers if child.cache is not None else []
         for index, layer in enumerate(self.cache.layers):
-            shape = (count, *layer.keys.shape[1:2], length, layer.keys.shape[-1])
-            if new_cache is None:
-                keys = layer.keys.new_zeros(shape)
-                values = layer.values.new_zeros(shape)
+            if index < len(child_layers) and child_layers[index].keys is not None and child_layers[index].keys.numel():
+                keys = _pad_positions(child_layers[index].keys, shift)
+                values = _pad_positions(child_layers[index].values, shift)
             else:
-                source = new_cache.layers[index]
-                keys, values = _pad_positions(source.keys, shift), _pad_positions(source.values, shift)
+                shape = (child.rows, layer.keys.shape[1], length, layer.keys.shape[-1])
+                keys, values = layer.keys.new_zeros(shape), layer.values.new_zeros(shape)
             layer.keys = torch.cat([layer.keys, keys], dim=0)
             layer.values = torch.cat([layer.values, values], dim=0)
+        pad = torch.zeros((child.rows, shift), dtype=torch.bool)
+        self.valid = torch.cat([self.valid, torch.cat([pad, child.valid], dim=1)], dim=0)
+        for row in child.order:
+            self.order.append(row)
+            self.slots[row] = [p + shift for p in child.slots[row]]
+            self.tokens[row] = child.tokens[row]
 
     def _pad_left(self, count: int) -> None:
         """Prepend ``count`` invalid positions to every row."""
@@ -296,6 +322,15 @@ class BatchRunner:
             layer.keys = layer.keys.gather(2, gather)
             layer.values = layer.values.gather(2, gather)
         self.valid = valid
+
+
+def _seed_rows(kv: Any, layer: int, length: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One row's reused keys and values of ``layer`` left-padded to ``length`` (zeros without a prefix)."""
+    if kv is None:
+        shape = (1, like.shape[1], length, like.shape[3])
+        return like.new_zeros(shape), like.new_zeros(shape)
+    keys, values = kv[layer]
+    return _pad_positions(keys, length - keys.shape[2]), _pad_positions(values, length - values.shape[2])
 
 
 def _pad_positions(tensor: torch.Tensor, count: int) -> torch.Tensor:

@@ -79,3 +79,33 @@ def test_bad_feeds_are_refused(model):
 def test_kv_bytes_per_token(model):
     # 2 (keys, values) x 2 layers x 2 kv heads x head_dim 8 x 4 bytes
     assert BatchRunner(model).kv_bytes_per_token() == 2 * 2 * 2 * 8 * 4
+
+
+def test_rows_reuse_a_stored_prefix_and_still_match_solo_runs(model):
+    runner = BatchRunner(model)
+    shared = [5, 6, 7, 8, 9, 10, 11]
+    runner.run([Feed("a", shared + [1, 2], 1)])
+    fed = runner.positions
+    out = runner.run([Feed("a", shared + [1, 2, 3], 1), Feed("b", shared + [4, 4, 4], 1), Feed("c", [9, 9], 1)])
+    assert runner.prefixes.hits >= 1 and runner.prefixes.reused_positions >= len(shared)
+    assert runner.positions - fed < 2 + 9 + 2  # b's shared prefix was copied, not recomputed
+    for logits, seq in zip(out, (shared + [1, 2, 3], shared + [4, 4, 4], [9, 9]), strict=True):
+        assert close(logits, solo(model, seq))
+
+
+def test_prefix_cache_keeps_the_longest_and_evicts_by_bytes():
+    from cdsl_struct.models.prefix_cache import PrefixCache
+
+    def kv(n):
+        return [(torch.ones(1, 2, n, 4), torch.ones(1, 2, n, 4))]
+
+    cache = PrefixCache(max_bytes=2 * 2 * 2 * 10 * 4 * 4)  # room for 20 positions
+    cache.store([1, 2, 3], kv(3))
+    cache.store([1, 2, 3, 4, 5], kv(5))  # supersedes [1, 2, 3]
+    assert list(cache.entries) == [(1, 2, 3, 4, 5)]
+    cache.store([1, 2], kv(2))  # already covered
+    assert len(cache.entries) == 1
+    length, found = cache.lookup([1, 2, 3, 9])
+    assert length == 3 and found[0][0].shape == (1, 2, 3, 4)
+    cache.store([7] * 16, kv(16))  # 21 positions in all: the least recently used goes
+    assert list(cache.entries) == [(7,) * 16] and cache.lookup([1, 2]) == (0, None)

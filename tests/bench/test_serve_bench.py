@@ -1,0 +1,34 @@
+"""``cdsl-struct bench serve`` against the real server on the embedded model: both concurrency
+levels answered, every answer counted and checked, concurrent requests shared forward passes."""
+
+import json
+
+import pytest
+
+from cdsl_struct.cli import main
+
+from ..server.conftest import SERVER_EXTRA, running_server
+
+pytest.importorskip("fastapi", reason=SERVER_EXTRA)
+pytest.importorskip("openai", reason=SERVER_EXTRA)
+
+
+def test_serve_bench_against_our_server(smollm2, one_torch_thread, tmp_path, capsys):
+    from cdsl_struct.api import Generator
+    from cdsl_struct.server import create_app
+
+    generator = Generator(smollm2, max_batch_size=4)
+    out = tmp_path / "serve.json"
+    with running_server(create_app(generator)) as url:
+        code = main(["bench", "serve", "--url", url, "--requests", "4", "--concurrency", "1,4", "--max-tokens", "24",
+                     "--label", "ours", "--json", str(out)])
+    assert code == 0 and "| 4 |" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    levels = {level["concurrency"]: level for level in report["summary"]}
+    assert set(levels) == {1, 4}
+    for level in levels.values():
+        assert level["requests"] == 4 and level["completion_tokens"] > 0 and level["retokenised_tokens"] > 0
+        rows = [r for r in report["rows"] if r["concurrency"] == level["concurrency"]]
+        assert all(r["valid"] for r in rows if r["finish_reason"] == "stop")
+    assert generator.engine.stats.as_dict()["mean_rows"] > 1  # the concurrent level batched
+    generator.close()
