@@ -17,6 +17,7 @@ decodes with the shipped models (Gemma-3-270M: 512 tokens).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -198,6 +199,8 @@ class BatchRunner:
         the last ``keep`` tokens), the rest is fed in one padded pass of the new rows alone, and the
         result is merged into the batch (the shorter side padded on the left)."""
         bodies = [f.sequence[:len(f.sequence) - f.keep] for f in feeds]
+        if self.prefixes is not None and len(bodies) > 1:
+            self._store_shared_prefix(bodies)
         seeds = [self.prefixes.lookup(body) if self.prefixes else (0, None) for body in bodies]
         child = BatchRunner(self.model, self.name, self.pad_token_id, prefix_cache_bytes=0)
         child._seed([f.row for f in feeds], bodies, seeds)
@@ -209,11 +212,28 @@ class BatchRunner:
             for feed, body, (reused, _) in zip(feeds, bodies, seeds, strict=True):
                 if len(body) > reused:
                     self.prefixes.store(body, child.row_kv(feed.row))
+        self._count(child)
+        self._absorb(child)
+
+    def _store_shared_prefix(self, bodies: list[list[int]], least: int = 8) -> None:
+        """Prefill the prefix all ``bodies`` share once (one row) and store it, so that rows joining
+        together copy it instead of each computing it."""
+        shared = os.path.commonprefix(bodies)
+        if len(shared) < least or self.prefixes.lookup(shared)[0] == len(shared):
+            return
+        child = BatchRunner(self.model, self.name, self.pad_token_id, prefix_cache_bytes=0)
+        child._seed([0], [shared], [self.prefixes.lookup(shared)])
+        reused = len(child.tokens[0])
+        child._forward([shared[reused:]], len(shared) - reused, 1)
+        self.prefixes.store(shared, child.row_kv(0))
+        self._count(child)
+
+    def _count(self, child: BatchRunner) -> None:
+        """Add the passes a helper runner made for this one to its counters."""
         self.passes += child.passes
         self.positions += child.positions
         self.padded_positions += child.padded_positions
         self.seconds += child.seconds
-        self._absorb(child)
 
     def _seed(self, rows: list[Hashable], bodies: list[list[int]], seeds: list[tuple[int, Any]]) -> None:
         """Start an empty runner with ``rows`` holding their reused prefixes (left-padded to the longest)."""
