@@ -186,11 +186,14 @@ class BatchEngine:
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._closed = False
 
     # --- submitting ---------------------------------------------------------------------------
 
     def submit(self, request: Request) -> Request:
         """Queue ``request``; it joins the batch at a step boundary."""
+        if self._closed:
+            raise CdslError("this engine is closed; make a new one (or a new Generator)")
         with self._lock:
             self.scheduler.waiting.append(request)
             self._lock.notify_all()
@@ -232,7 +235,8 @@ class BatchEngine:
             thread.join()
 
     def close(self) -> None:
-        """Stop the loop and the mask threads; the engine takes no more steps."""
+        """Stop the loop and the mask threads; the engine takes no more requests."""
+        self._closed = True
         self.stop()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
