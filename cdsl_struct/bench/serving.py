@@ -99,7 +99,7 @@ def run_serve_bench(config: ServeBenchConfig) -> dict[str, Any]:
             "valid": sum(row["valid"] for row in done), "requests": len(done),
             "finish": dict(Counter(row["finish_reason"] for row in done)),
         })
-    return {"config": asdict(config), "summary": levels, "rows": rows}
+    return {"config": asdict(config), "summary": {"levels": levels}, "rows": rows}
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -108,7 +108,7 @@ def format_table(report: dict[str, Any]) -> str:
     lines = [f"server: {label}", "",
              "| concurrency | wall s | completion tokens (reported / re-tokenised) | tok/s (reported / re-tok.) "
              "| req/s | p50 s | p99 s | valid |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for level in report["summary"]:
+    for level in report["summary"]["levels"]:
         lines.append(f"| {level['concurrency']} | {level['wall_s']} | {level['completion_tokens']} / "
                      f"{level['retokenised_tokens']} | {level['tokens_per_s']} / {level['retokenised_tokens_per_s']} | "
                      f"{level['requests_per_s']} | {level['p50_s']} | {level['p99_s']} | "

@@ -24,7 +24,7 @@ def test_serve_bench_against_our_server(smollm2, one_torch_thread, tmp_path, cap
                      "--label", "ours", "--json", str(out)])
     assert code == 0 and "| 4 |" in capsys.readouterr().out
     report = json.loads(out.read_text())
-    levels = {level["concurrency"]: level for level in report["summary"]}
+    levels = {level["concurrency"]: level for level in report["summary"]["levels"]}
     assert set(levels) == {1, 4}
     for level in levels.values():
         assert level["requests"] == 4 and level["completion_tokens"] > 0 and level["retokenised_tokens"] > 0
