@@ -67,6 +67,14 @@ def main(argv: list[str] | None = None) -> int:
     served.add_argument("--label", default="", help="name of the server in the table")
     served.add_argument("--json", dest="json_out", help="write rows and summary here")
 
+    steps = bench.add_parser("steps", help="what one forward pass costs: single-row variants, rows x positions grid")
+    steps.add_argument("--model", default="smollm2")
+    steps.add_argument("--device", default="auto")
+    steps.add_argument("--steps", type=int, default=20, help="decode steps per single-row measurement")
+    steps.add_argument("--rounds", type=int, default=2, help="interleaved rounds (best kept)")
+    steps.add_argument("--compile", action="store_true", help="also torch.compile the static-cache step (slow)")
+    steps.add_argument("--json", dest="json_out", help="write the measurements here")
+
     gen = bench.add_parser("commongen", help="CommonGen keyword coverage: greedy vs CDLH vs CDSL")
     _commongen_arguments(gen)
 
@@ -95,6 +103,12 @@ def main(argv: list[str] | None = None) -> int:
         return _commongen(args)
     if args.command == "bench" and args.bench == "serve":
         return _serve_bench(args)
+    if args.command == "bench" and args.bench == "steps":
+        from .bench.step_cost import StepCostConfig, format_table, run_step_cost
+
+        report = run_step_cost(StepCostConfig(model=args.model, device=args.device, steps=args.steps,
+                                              rounds=args.rounds, compile=args.compile))
+        return _report(report, format_table(report), args.json_out)
     if args.command == "tokenizers":
         return _tokenizers(args)
     if args.command == "models":

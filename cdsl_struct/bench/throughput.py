@@ -401,7 +401,7 @@ def format_table(report: dict[str, Any]) -> str:
     summary = report["summary"]
     n, work, machine = summary["workload"]["requests"], summary["workload"], summary["machine"]
     head = ["B", "wall s", "tokens", "tok/s", "req/s", "p50 s", "p99 s", "vs B=1", "vs HF", "target passes",
-            "valid", "identical", "mask hidden"]
+            "valid", "identical", "mask hidden", "rows/step", "step ms", "prefill s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for b in summary["batches"]:
         length = b["finish_reasons"].get("length", 0)
@@ -410,7 +410,8 @@ def format_table(report: dict[str, Any]) -> str:
                  f"{b['speedup_vs_b1']:.2f}x",
                  f"{b['speedup_vs_hf']:.2f}x" if b.get("speedup_vs_hf") else "-", b["target_passes"],
                  f"{b['valid']}/{n} ({length} length)", f"{b['identical_rate']:.2f}",
-                 f"{b['engine']['mask_hidden_share']:.2f}"]
+                 f"{b['engine']['mask_hidden_share']:.2f}", f"{b['engine']['mean_rows']:.1f}",
+                 f"{b['engine']['decode_step_ms']:.0f}", f"{b['engine']['prefill_seconds']:.2f}"]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     kinds = ", ".join(f"{k} {v}" for k, v in work["kinds"].items())
     lines += ["", f"workload: {n} requests ({kinds}; {work['lookup']} with prompt lookup, k={work['k']}), "

@@ -107,9 +107,10 @@ class Request:
 
 class Scheduler:
     """Which waiting requests join the batch: first come, first served, while the batch stays
-    within ``max_batch_size`` rows and ``kv_budget_bytes`` (the padded cache holds every row at
-    the longest row's length). A request that would not fit waits; one that exceeds the budget
-    alone runs alone."""
+    within ``max_batch_size`` rows and ``kv_budget_bytes``. The padded cache holds every row at its
+    physical length, which holes from rejected speculation may stretch to twice the longest row
+    (plus 32) before ``BatchRunner`` compacts it; the estimate counts that worst case. A request
+    that would not fit waits; one that exceeds the budget alone runs alone."""
 
     def __init__(self, max_batch_size: int, kv_budget_bytes: float, bytes_per_token: int) -> None:
         if max_batch_size < 1:
@@ -124,7 +125,7 @@ class Scheduler:
         rows = self.running + [request]
         if len(rows) > self.max_batch_size:
             return False
-        need = len(rows) * max(r.reserved_tokens for r in rows) * self.bytes_per_token
+        need = len(rows) * (2 * max(r.reserved_tokens for r in rows) + 32) * self.bytes_per_token
         return need <= self.kv_budget_bytes or not self.running
 
     def admit(self) -> list[Request]:
@@ -145,6 +146,7 @@ class EngineStats:
     rows_stepped: int = 0
     positions: int = 0
     forward_seconds: float = 0.0
+    prefill_seconds: float = 0.0
     mask_seconds: float = 0.0
     mask_wait_seconds: float = 0.0
 
@@ -158,7 +160,9 @@ class EngineStats:
     def as_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "mean_rows": round(self.rows_stepped / self.steps, 3) if self.steps else 0.0,
                 "mean_width": round(self.positions / self.rows_stepped, 3) if self.rows_stepped else 0.0,
-                "forward_seconds": round(self.forward_seconds, 4), "mask_seconds": round(self.mask_seconds, 4),
+                "forward_seconds": round(self.forward_seconds, 4), "prefill_seconds": round(self.prefill_seconds, 4),
+                "decode_step_ms": round(1000 * (self.forward_seconds - self.prefill_seconds) / self.steps, 2)
+                if self.steps else 0.0, "mask_seconds": round(self.mask_seconds, 4),
                 "mask_wait_seconds": round(self.mask_wait_seconds, 4),
                 "mask_hidden_share": round(self.mask_hidden_share, 4)}
 
@@ -294,6 +298,7 @@ class BatchEngine:
         self.stats.rows_stepped += len(rows)
         self.stats.positions += sum(len(p.tokens) + 1 for _, p in rows)
         self.stats.forward_seconds += forward
+        self.stats.prefill_seconds += self.runner.last_prefill_seconds
         rows_logits = [(r, p, lg) for (r, p), lg, ok in zip(rows, logits, masks_ok, strict=True) if ok]
         if rows_logits:
             self._commit_all(rows_logits, forward)

@@ -1,0 +1,124 @@
+"""``cdsl-struct bench steps``: what one forward pass costs, the numbers the engine's choices rest on.
+
+Two measurements, rounds interleaved, the best of each kept (the machine is shared):
+
+- single-row decode step variants: eager float32 with HF's dynamic cache (what the engine runs),
+  eager bfloat16, a static KV cache, and optionally ``torch.compile`` of the static-cache step;
+- the batched step grid: rows B x fed positions per row T through ``BatchRunner`` (the cost model
+  behind ``StepWidth``: a pass costs about ``a + b * B * T``), and the prefill cost per position.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from ..models.batch import BatchRunner, Feed
+from ..models.loading import load_model
+
+
+@dataclass
+class StepCostConfig:
+    """What to measure."""
+
+    model: str = "smollm2"
+    device: str = "auto"
+    context: int = 120
+    steps: int = 20
+    rounds: int = 2
+    rows: tuple[int, ...] = (1, 4, 8, 16)
+    widths: tuple[int, ...] = (1, 2, 4, 8)
+    compile: bool = False
+
+
+@torch.inference_mode()
+def _single_row(model: Any, context: list[int], steps: int, static: Any = None) -> float:
+    """Mean milliseconds of a one-token decode step after ``context``."""
+    from transformers import StaticCache
+
+    device = next(model.parameters()).device
+    if static is None:
+        cache = model(input_ids=torch.tensor([context], device=device)).past_key_values
+    else:
+        cache = StaticCache(config=model.config, max_cache_len=len(context) + steps + 1)
+        model(input_ids=torch.tensor([context], device=device), past_key_values=cache,
+              cache_position=torch.arange(len(context), device=device))
+    started = time.perf_counter()
+    for i in range(steps):
+        ids = torch.tensor([[context[i % len(context)]]], device=device)
+        if static is None:
+            cache = model(input_ids=ids, past_key_values=cache, logits_to_keep=1).past_key_values
+        else:
+            static(input_ids=ids, past_key_values=cache, logits_to_keep=1,
+                   cache_position=torch.tensor([len(context) + i], device=device))
+    return (time.perf_counter() - started) / steps * 1000
+
+
+def _grid_cell(model: Any, rows: int, width: int, context: int, rng: random.Random) -> tuple[float, float]:
+    """(ms of a step feeding ``width`` positions to each of ``rows`` rows, ms per prefilled position)."""
+    runner = BatchRunner(model, prefix_cache_bytes=0)
+    sequences = {i: [rng.randrange(100, 40000) for _ in range(context)] for i in range(rows)}
+    started = time.perf_counter()
+    runner.run([Feed(i, s, 1) for i, s in sequences.items()])
+    prefill = (time.perf_counter() - started) / (rows * context) * 1000
+    best = float("inf")
+    for _ in range(3):
+        feeds = []
+        for i in range(rows):
+            sequences[i] = sequences[i] + [rng.randrange(100, 40000) for _ in range(width)]
+            feeds.append(Feed(i, sequences[i], width))
+        started = time.perf_counter()
+        runner.run(feeds)
+        best = min(best, time.perf_counter() - started)
+        for i in range(rows):  # the speculation is rejected but its first token: holes, as in decoding
+            sequences[i] = sequences[i][:len(sequences[i]) - width + 1]
+    return best * 1000, prefill
+
+
+def run_step_cost(config: StepCostConfig) -> dict[str, Any]:
+    """Both measurements; a summary of the best round of each."""
+    loaded = load_model(config.model, device=config.device)
+    model = loaded.model
+    context = list(range(100, 100 + config.context))
+    variants: dict[str, Any] = {
+        "eager float32": lambda: _single_row(model, context, config.steps),
+        "static cache float32": lambda: _single_row(model, context, config.steps, static=model),
+    }
+    bf16 = load_model(config.model, device=config.device, dtype="bfloat16").model
+    variants["eager bfloat16"] = lambda: _single_row(bf16, context, config.steps)
+    if config.compile:
+        compiled = torch.compile(model.forward, dynamic=False)
+        _single_row(model, context, 2, static=compiled)  # compiles
+        variants["static cache float32, torch.compile"] = lambda: _single_row(model, context, config.steps,
+                                                                               static=compiled)
+    single: dict[str, float] = {}
+    for _ in range(config.rounds):
+        for name, measure in variants.items():
+            single[name] = round(min(single.get(name, float("inf")), measure()), 1)
+    rng = random.Random(0)
+    grid, prefill = {}, {}
+    for rows in config.rows:
+        for width in config.widths:
+            step, per_position = _grid_cell(model, rows, width, config.context, rng)
+            grid[f"{rows}x{width}"] = round(step, 1)
+            prefill[str(rows)] = round(min(prefill.get(str(rows), float("inf")), per_position), 2)
+    machine = {"threads": torch.get_num_threads(), "torch": torch.__version__, "device": str(loaded.device)}
+    return {"config": asdict(config), "summary": {"single_row_step_ms": single, "batched_step_ms": grid,
+                                                  "prefill_ms_per_position": prefill, "machine": machine}}
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """The single-row variants, then the B x T grid."""
+    summary, config = report["summary"], report["config"]
+    lines = ["| single-row decode step | ms |", "|---|---:|"]
+    lines += [f"| {name} | {ms} |" for name, ms in summary["single_row_step_ms"].items()]
+    lines += ["", "| rows / positions per row | " + " | ".join(str(w) for w in config["widths"])
+              + " | prefill ms / position |", "|---:|" + "---:|" * (len(config["widths"]) + 1)]
+    for rows in config["rows"]:
+        cells = [str(summary["batched_step_ms"][f"{rows}x{w}"]) for w in config["widths"]]
+        lines.append(f"| {rows} | " + " | ".join(cells) + f" | {summary['prefill_ms_per_position'][str(rows)]} |")
+    return "\n".join(lines)

@@ -1,0 +1,13 @@
+"""``bench steps`` on the embedded model with a tiny grid: every variant and cell measured."""
+
+from cdsl_struct.bench.step_cost import StepCostConfig, format_table, run_step_cost
+
+
+def test_step_cost_measures_every_variant_and_cell(one_torch_thread):
+    report = run_step_cost(StepCostConfig(context=16, steps=2, rounds=1, rows=(1, 2), widths=(1, 2)))
+    summary = report["summary"]
+    assert set(summary["single_row_step_ms"]) == {"eager float32", "static cache float32", "eager bfloat16"}
+    assert all(ms > 0 for ms in summary["single_row_step_ms"].values())
+    assert set(summary["batched_step_ms"]) == {"1x1", "1x2", "2x1", "2x2"}
+    assert set(summary["prefill_ms_per_position"]) == {"1", "2"}
+    assert "| 2 |" in format_table(report)
