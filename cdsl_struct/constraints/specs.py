@@ -133,13 +133,20 @@ class Grammar(ConstraintSpec):
 
 
 def as_spec(value: Any) -> ConstraintSpec:
-    """Coerce a spec-like value: a spec, a JSON Schema dict, or a pydantic model class."""
+    """Coerce a spec-like value: a spec, a JSON Schema dict or JSON text, a pydantic model class, or
+    an Outlines output type / Python type form (``Literal[...]``, an ``Enum``, ``int``, a dataclass,
+    ``outlines.types.Regex(...)`` ...; see ``cdsl_struct.integrations.outlines_types``)."""
     if isinstance(value, ConstraintSpec):
         return value
-    if isinstance(value, (dict, bool)) or _is_pydantic_model(value):
+    if isinstance(value, (dict, bool, str, bytes)) or _is_pydantic_model(value):
         return JsonSchema(value)
+    from ..integrations import outlines_types  # lazy: Outlines is an optional extra
+
+    if outlines_types.is_output_type(value):
+        return outlines_types.to_spec(value)
     raise TypeError(
-        f"expected JsonSchema, Regex, Choice, Grammar, a schema dict or a pydantic model, got {type(value)!r}"
+        f"expected JsonSchema, Regex, Choice, Grammar, a schema dict, a pydantic model or an Outlines output "
+        f"type, got {type(value)!r}"
     )
 
 
