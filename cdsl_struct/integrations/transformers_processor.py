@@ -1,0 +1,175 @@
+"""A compiled constraint inside transformers' ``model.generate``.
+
+Three lines::
+
+    cc = cs.compile(Person, tokenizer)                                  # or one constraint per row
+    out = model.generate(**inputs, **constrained(cc), max_new_tokens=64)
+    texts = tokenizer.batch_decode(out[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+
+``constrained(...)`` returns ``logits_processor`` and ``stopping_criteria`` sharing one
+``ConstraintLogitsProcessor``. It works with greedy search, sampling (``do_sample=True``, also
+``num_return_sequences``), beam search (``num_beams``) and batched, left-padded inputs with one
+constraint per input row.
+
+How states follow the sequences: transformers does not tell a logits processor which beam a
+row came from (beam search reorders rows every step). So states are keyed by the tokens each row
+has generated: at every step a row's state is its parent's (the row's tokens minus the last one)
+advanced by the last token, copied when several rows share a parent. This needs no help from the
+search and is exact for every search strategy that extends sequences one token per step.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+
+from ..constraints import CompiledConstraint, ConstraintState, allocate_bitmask, apply_bitmask
+from ..errors import InvalidToken
+
+__all__ = ["ConstraintLogitsProcessor", "ConstraintStoppingCriteria", "constrained"]
+
+_DEAD = None  # a row that took a token its constraint forbids (beam search keeps -inf beams) or hit a dead end
+
+
+class ConstraintLogitsProcessor(LogitsProcessor):
+    """Masks each row's next-token scores to what its constraint allows (EOS only when complete).
+
+    ``constraints``: one ``CompiledConstraint`` for every input row, or a list with one per
+    input row. Rows expanded by ``num_beams`` / ``num_return_sequences`` use their input row's
+    constraint. A processor may be reused: a call whose sequences are no longer than the last
+    call's starts a new generation.
+    """
+
+    def __init__(self, constraints: CompiledConstraint | Sequence[CompiledConstraint]) -> None:
+        self.constraints = [constraints] if isinstance(constraints, CompiledConstraint) else list(constraints)
+        if not self.constraints or not all(isinstance(c, CompiledConstraint) for c in self.constraints):
+            raise TypeError("constraints must be a CompiledConstraint or a non-empty list of them (cs.compile(...))")
+        self.prompt_length = 0
+        self._last_length = -1
+        self._expand = 1
+        self._states: list[dict[tuple[int, ...], ConstraintState | None]] = []
+
+    # --- transformers hooks ---------------------------------------------------------------------
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        length = input_ids.shape[1]
+        if length <= self._last_length or not self._states:
+            self._start(input_ids)
+        self._last_length = length
+        rows = input_ids[:, self.prompt_length:].tolist()
+        keys = [tuple(row) for row in rows]
+        self._advance(keys)
+        mask = allocate_bitmask(self._vocab_size(), len(keys))
+        unmasked = []
+        for i, key in enumerate(keys):
+            state = self._states[self._group(i)][key]
+            if state is _DEAD:
+                for eos in self._constraint(i).vocabulary.eos_token_ids:
+                    mask[i, eos // 32] |= _bit(eos)
+            elif state.finished:
+                unmasked.append(i)  # transformers pads finished rows itself; keep the row finite
+            else:
+                state.fill_mask(mask[i])
+        kept = scores[unmasked].clone() if unmasked else None
+        apply_bitmask(scores, mask)
+        if kept is not None:
+            scores[unmasked] = kept
+        return scores
+
+    # --- queries ----------------------------------------------------------------------------------
+
+    def state_of(self, group: int, generated: Sequence[int]) -> ConstraintState | None:
+        """The state of input row ``group`` after ``generated`` tokens, if this step holds it."""
+        return self._states[group].get(tuple(generated)) if self._states else None
+
+    # --- internals --------------------------------------------------------------------------------
+
+    def _start(self, input_ids: torch.Tensor) -> None:
+        rows = input_ids.shape[0]
+        if rows % len(self.constraints):
+            raise ValueError(f"{len(self.constraints)} constraints for {rows} sequences: pass one per input row")
+        self._expand = rows // len(self.constraints)
+        self.prompt_length = input_ids.shape[1]
+        self._states = [{(): c.new_state()} for c in self.constraints]
+
+    def _advance(self, keys: list[tuple[int, ...]]) -> None:
+        """Give every row's key a state: its parent's, advanced by its last token."""
+        wanted: list[set[tuple[int, ...]]] = [set() for _ in self.constraints]
+        for i, key in enumerate(keys):
+            wanted[self._group(i)].add(key)
+        for group, children in enumerate(wanted):
+            previous = self._states[group]
+            if children <= previous.keys():
+                self._states[group] = {key: previous[key] for key in children}
+                continue
+            uses = Counter(key[:-1] for key in children)
+            current: dict[tuple[int, ...], ConstraintState | None] = {}
+            for key in sorted(children):
+                parent_key = key[:-1]
+                parent = previous.get(parent_key, _DEAD)
+                uses[parent_key] -= 1
+                if parent is _DEAD:
+                    current[key] = _DEAD
+                    continue
+                state = parent if uses[parent_key] == 0 else parent.copy()
+                current[key] = _step(state, key[-1])
+            self._states[group] = current
+
+    def _group(self, row: int) -> int:
+        return row // self._expand
+
+    def _constraint(self, row: int) -> CompiledConstraint:
+        return self.constraints[self._group(row)]
+
+    def _vocab_size(self) -> int:
+        return max(c.vocab_size for c in self.constraints)
+
+
+def _step(state: ConstraintState, token: int) -> ConstraintState | None:
+    if state.finished:
+        return state  # padding after EOS
+    try:
+        state.advance(token)
+    except InvalidToken:
+        return _DEAD
+    return state
+
+
+def _bit(token: int) -> int:
+    value = 1 << (token % 32)
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+class ConstraintStoppingCriteria(StoppingCriteria):
+    """Stops a row once its constraint has consumed EOS (also when the tokenizer's EOS is not the
+    model's ``generation_config.eos_token_id``) or the row can no longer be completed."""
+
+    def __init__(self, processor: ConstraintLogitsProcessor) -> None:
+        self.processor = processor
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
+        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        start = self.processor.prompt_length
+        if input_ids.shape[1] <= start:
+            return done
+        constraints = self.processor.constraints
+        per_group = max(1, input_ids.shape[0] // len(constraints))  # beam search passes 2 * num_beams candidates
+        for i, row in enumerate(input_ids[:, start:].tolist()):
+            group = min(i // per_group, len(constraints) - 1)
+            parent = self.processor.state_of(group, row[:-1])
+            eos = constraints[group].vocabulary.eos_token_ids
+            done[i] = parent is _DEAD or parent.finished or row[-1] in eos
+        return done
+
+
+def constrained(constraints: CompiledConstraint | Sequence[CompiledConstraint]) -> dict[str, Any]:
+    """``model.generate`` keyword arguments that decode under ``constraints`` (one, or one per input row)."""
+    processor = ConstraintLogitsProcessor(constraints)
+    return {
+        "logits_processor": LogitsProcessorList([processor]),
+        "stopping_criteria": StoppingCriteriaList([ConstraintStoppingCriteria(processor)]),
+    }

@@ -1,0 +1,117 @@
+"""The LogitsProcessor inside transformers' own generate, with the real SmolLM2: every row valid."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from pydantic import BaseModel, Field
+
+import cdsl_struct as cs
+from cdsl_struct.integrations.transformers_processor import ConstraintLogitsProcessor, constrained
+
+
+class City(BaseModel):
+    name: str = Field(max_length=12)
+    country: str = Field(max_length=12)
+
+
+PROMPTS = ["Name a big city in France as JSON.", "How many legs does a spider have?", "Is the sky blue? yes or no"]
+MAX_NEW = 40
+
+
+@pytest.fixture(scope="module")
+def lm(smollm2, one_torch_thread):
+    smollm2.tokenizer.padding_side = "left"
+    return smollm2
+
+
+@pytest.fixture(scope="module")
+def constraints(lm):
+    tok = lm.tokenizer
+    return [cs.compile(City, tok), cs.compile(cs.Regex(r"[0-9]{1,2}"), tok), cs.compile(cs.Choice(["yes", "no"]), tok)]
+
+
+def encode(lm, prompts):
+    texts = [lm.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                              add_generation_prompt=True) for p in prompts]
+    return lm.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+
+
+def assert_valid(compiled: cs.CompiledConstraint, generated: list[int]) -> None:
+    """The row must be a complete output ending in EOS (then only padding), checked by a fresh state."""
+    eos = compiled.vocabulary.eos_token_ids
+    end = next(i for i, t in enumerate(generated) if t in eos)  # StopIteration: the row never finished
+    state = compiled.new_state()
+    state.advance(generated[: end + 1])
+    assert state.finished
+
+
+def rows_valid(lm, out, inputs, constraints, per_row: int) -> list[str]:
+    texts = []
+    for i, seq in enumerate(out[:, inputs["input_ids"].shape[1]:].tolist()):
+        compiled = constraints[i // per_row]
+        assert_valid(compiled, seq)
+        eos = compiled.vocabulary.eos_token_ids
+        body = seq[: next(j for j, t in enumerate(seq) if t in eos)]
+        texts.append(lm.tokenizer.decode(body))
+    return texts
+
+
+def check_values(texts: list[str], per_row: int) -> None:
+    for i, text in enumerate(texts):
+        kind = i // per_row
+        if kind == 0:
+            City.model_validate(json.loads(text))
+        elif kind == 1:
+            assert text.isdigit() and len(text) <= 2
+        else:
+            assert text in ("yes", "no")
+
+
+def test_greedy_batch_one_constraint_per_row(lm, constraints):
+    inputs = encode(lm, PROMPTS)
+    out = lm.model.generate(**inputs, **constrained(constraints), max_new_tokens=MAX_NEW, do_sample=False,
+                            pad_token_id=lm.tokenizer.pad_token_id)
+    check_values(rows_valid(lm, out, inputs, constraints, 1), 1)
+
+
+def test_greedy_matches_our_own_decoder(lm, constraints):
+    """model.generate under the processor and cdsl_struct's target decoder agree token for token."""
+    inputs = encode(lm, PROMPTS[:1])
+    out = lm.model.generate(**inputs, **constrained(constraints[0]), max_new_tokens=MAX_NEW, do_sample=False,
+                            pad_token_id=lm.tokenizer.pad_token_id)
+    ours = cs.generate(PROMPTS[0], schema=City, max_tokens=MAX_NEW, method="target", model="smollm2")
+    text = lm.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert text == ours.text
+
+
+def test_sampling_with_several_sequences_per_row(lm, constraints):
+    inputs = encode(lm, PROMPTS)
+    torch.manual_seed(3)
+    out = lm.model.generate(**inputs, **constrained(constraints), max_new_tokens=MAX_NEW, do_sample=True,
+                            temperature=1.0, top_k=0, num_return_sequences=2,
+                            pad_token_id=lm.tokenizer.pad_token_id)
+    check_values(rows_valid(lm, out, inputs, constraints, 2), 2)
+
+
+def test_beam_search_states_follow_reordered_beams(lm, constraints):
+    inputs = encode(lm, PROMPTS[:2])
+    kwargs = constrained(constraints[:2])
+    processor: ConstraintLogitsProcessor = kwargs["logits_processor"][0]
+    out = lm.model.generate(**inputs, **kwargs, max_new_tokens=MAX_NEW, num_beams=3, num_return_sequences=3,
+                            do_sample=False, early_stopping=True, pad_token_id=lm.tokenizer.pad_token_id)
+    texts = rows_valid(lm, out, inputs, constraints[:2], 3)
+    check_values(texts, 3)
+    assert processor._expand == 3
+    assert len(set(texts[:3])) > 1  # the returned beams really are different sequences
+
+
+def test_bad_arguments_are_typed_errors(lm, constraints):
+    with pytest.raises(TypeError):
+        ConstraintLogitsProcessor(["not compiled"])
+    inputs = encode(lm, PROMPTS[:2])
+    with pytest.raises(ValueError, match="one per input row"):
+        lm.model.generate(**inputs, **constrained(constraints), max_new_tokens=2,
+                          pad_token_id=lm.tokenizer.pad_token_id)
