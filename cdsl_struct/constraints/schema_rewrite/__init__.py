@@ -1,0 +1,67 @@
+"""An exact JSON Schema rewriter for what the engines refuse.
+
+``rewrite_schema(schema)`` returns an equivalent schema (same valid instances, judged by
+``jsonschema``) without the keywords llguidance lacks: ``not`` pushed to the leaves,
+``oneOf`` as ``anyOf`` (proven disjoint branches) or with exclusions, ``if``/``then``/``else``
+and the dependency keywords as ``anyOf``/``allOf``, unknown ``format`` dropped, draft-04 bounds
+updated, ``uniqueItems``/``min/maxProperties`` expanded over finite sets, ``propertyNames`` as
+``patternProperties``. A node no rule can rewrite exactly raises ``UnsupportedFeature`` naming
+the keyword; nothing is ever loosened. ``Rewrite.rules`` lists the rules that fired.
+
+The compiler runs it only after the first engine refuses a schema (``compiler.py``), so
+schemas the engine reads as given never pay for it.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from .combinators import rewrite_conditional, rewrite_dependencies, rewrite_not, rewrite_one_of
+from .context import RewriteContext, Schema, map_subschemas
+from .keywords import draft4_bounds, drop_unknown_format, property_counts, property_names, unique_items
+
+#: node rules, in the order they run on each node (its subschemas already rewritten)
+NODE_RULES = (
+    draft4_bounds,
+    drop_unknown_format,
+    unique_items,
+    property_names,
+    property_counts,
+    rewrite_dependencies,
+    rewrite_conditional,
+    rewrite_not,
+    rewrite_one_of,
+)
+_DRAFT7 = "http://json-schema.org/draft-07/schema#"
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """A rewritten schema and the names of the rules that changed it (empty: unchanged)."""
+
+    schema: Any
+    rules: tuple[str, ...]
+
+
+def rewrite_schema(schema: Schema) -> Rewrite:
+    """The exact rewrite of ``schema``; raises ``UnsupportedFeature`` naming what it cannot do."""
+    ctx = RewriteContext(schema)
+
+    def normalise(node: Schema) -> Schema:
+        if not isinstance(node, dict):
+            return node
+        node = map_subschemas(node, normalise)
+        for rule in NODE_RULES:
+            node = rule(node, ctx)
+        return node
+
+    ctx.normalise = normalise
+    out = normalise(copy.deepcopy(schema))
+    if "draft4-bounds" in ctx.fired and isinstance(out, dict):
+        out["$schema"] = _DRAFT7  # numeric exclusive bounds are draft-06+; the rest reads alike
+    return Rewrite(out, tuple(ctx.fired))
+
+
+__all__ = ["Rewrite", "rewrite_schema"]
