@@ -1,4 +1,4 @@
-"""``cdsl-struct`` command line: ``generate``, ``serve``, ``bench`` harnesses, ``models`` and ``tokenizers``."""
+"""``cdsl-struct`` command line: ``generate``, ``batch``, ``serve``, ``bench`` harnesses, ``models``, ``tokenizers``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from .bulk.cli import add_batch_parser, run_batch
 from .generate_cli import add_generate_parser, run_generate
 from .options import BACKENDS
 from .server.cli import add_serve_parser, run_serve
@@ -16,6 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cdsl-struct", description="Structured output for Hugging Face LMs.")
     commands = parser.add_subparsers(dest="command", required=True)
     add_generate_parser(commands)
+    add_batch_parser(commands)
 
     bench = commands.add_parser("bench", help="run a benchmark harness").add_subparsers(dest="bench", required=True)
     mask = bench.add_parser("maskbench", help="JSONSchemaBench/MaskBench: compile + mask correctness and speed")
@@ -93,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "generate":
         return run_generate(args)
+    if args.command == "batch":
+        return run_batch(args)
     if args.command == "bench" and args.bench == "maskbench":
         return _maskbench(args)
     if args.command == "bench" and args.bench == "speculative":

@@ -1,0 +1,88 @@
+"""``cdsl-struct batch IN.jsonl OUT.jsonl``: the bulk job from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ..errors import CdslError
+from ..options import BACKENDS, METHODS
+from .files import InputError
+from .job import ENGINES, BatchJob, load_json_arg, run_job
+
+EXIT_ERROR = 2
+
+
+def add_batch_parser(commands: Any) -> argparse.ArgumentParser:
+    """Add ``batch`` to the ``cdsl-struct`` subcommands."""
+    batch = commands.add_parser(
+        "batch", help="decode every row of a JSON lines file under one constraint (resumable; local or Ray)",
+        description="Reads IN (JSON lines: {\"id\", \"prompt\"} or {\"id\", \"messages\"}, other fields carried "
+                    "through) and appends to OUT each row plus \"output\" (the parsed value), \"text\" and "
+                    "\"finish_reason\", or \"error\". Rows whose id is already in OUT are skipped, so an "
+                    "interrupted job is resumed by running it again.")
+    batch.add_argument("input", metavar="IN.jsonl")
+    batch.add_argument("output", metavar="OUT.jsonl")
+    constraint = batch.add_mutually_exclusive_group()
+    constraint.add_argument("--schema", metavar="FILE", help="JSON Schema file: each output is JSON valid under it")
+    constraint.add_argument("--tools", metavar="FILE", help="JSON file with a list of OpenAI tools: outputs are calls")
+    constraint.add_argument("--regex", help="each output fully matches this regular expression")
+    constraint.add_argument("--choices", metavar="A,B,C", help="each output is one of these comma-separated strings")
+    constraint.add_argument("--grammar", metavar="FILE_OR_NAME", help="Lark grammar file or shipped name")
+    batch.add_argument("--tool-choice", default="required",
+                       help="with --tools: required (default), auto, none or a tool's name")
+    batch.add_argument("--engine", default="local", choices=ENGINES, help="local (default) or ray (extra 'ray')")
+    batch.add_argument("--batch-size", type=int, default=16,
+                       help="rows per generate call (local) or per Ray batch (default 16)")
+    batch.add_argument("--actors", type=int, default=2, help="--engine ray: model replicas (default 2)")
+    batch.add_argument("--ray-address", default=None, help="--engine ray: cluster address (default: start one)")
+    batch.add_argument("--model", default="smollm2", help="model (default: the embedded SmolLM2)")
+    batch.add_argument("--draft", default="auto", help="draft: auto (prompt lookup), none, bf16, layers:N ...")
+    batch.add_argument("--backend", default="auto", choices=BACKENDS)
+    batch.add_argument("--method", default="auto", choices=METHODS)
+    batch.add_argument("--device", default="auto")
+    batch.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    batch.add_argument("--max-tokens", type=int, default=256)
+    batch.add_argument("--temperature", type=float, default=0.0)
+    batch.add_argument("--top-p", type=float, default=1.0)
+    batch.add_argument("--seed", type=int, default=None)
+    batch.add_argument("--fsync", action="store_true", help="fsync after every row (survives power loss)")
+    batch.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    return batch
+
+
+def job_from_args(args: argparse.Namespace) -> BatchJob:
+    """The ``BatchJob`` the parsed arguments describe (files read here)."""
+    job = BatchJob(model=args.model, draft=None if args.draft == "none" else args.draft, backend=args.backend,
+                   device=args.device, dtype=args.dtype, method=args.method, max_tokens=args.max_tokens,
+                   temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+                   max_batch_size=max(args.batch_size, 1))
+    if args.schema:
+        with open(args.schema, encoding="utf-8") as handle:
+            job.schema = handle.read()
+    if args.tools:
+        job.tools = load_json_arg(args.tools)
+        job.tool_choice = args.tool_choice
+    if args.regex is not None:
+        job.regex = args.regex
+    if args.choices:
+        job.choices = [c.strip() for c in args.choices.split(",") if c.strip()]
+    if args.grammar:
+        job.grammar = args.grammar
+    return job
+
+
+def run_batch(args: argparse.Namespace) -> int:
+    """Run the job; the summary goes to stderr. Exit 2 on bad input or settings (one line on stderr)."""
+    try:
+        job = job_from_args(args)
+        summary = run_job(job, args.input, args.output, engine=args.engine, chunk_size=args.batch_size,
+                          progress=not args.no_progress, actors=args.actors, ray_address=args.ray_address,
+                          durable=args.fsync)
+    except (CdslError, InputError, ValueError, OSError, ImportError) as exc:
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        print(f"cdsl-struct batch: error: {first_line}", file=sys.stderr)
+        return EXIT_ERROR
+    print(f"cdsl-struct batch: {summary.line()}", file=sys.stderr)
+    return 0
