@@ -79,6 +79,21 @@ def main(argv: list[str] | None = None) -> int:
 
     gen = bench.add_parser("commongen", help="CommonGen keyword coverage: greedy vs CDLH vs CDSL")
     _commongen_arguments(gen)
+    sweep = bench.add_parser("commongen-sweep", help="CDSL sensitivity on the tune split: a_t, r_t, d vs speedup")
+    _commongen_arguments(sweep)
+    sweep.set_defaults(split="tune", limit=12)
+    sweep.add_argument("--a-t-values", default="0,0.25,0.5,0.75,1", help="acceptance thresholds to try")
+    sweep.add_argument("--r-t-values", default="0,0.5,0.99", help="reward thresholds to try")
+    sweep.add_argument("--d-values", default="2,4,6,8", help="lookahead lengths to try")
+    sweep.add_argument("--temperature", type=float, default=0.7,
+                       help="the speculative-sampling variant's temperature (0: greedy matching only)")
+    sweep.add_argument("--plot", help="write the curves here (PNG)")
+    merge = bench.add_parser("commongen-merge", help="one CommonGen report from the JSON reports of its shards")
+    merge.add_argument("reports", nargs="+")
+    merge.add_argument("--json", dest="json_out")
+    keywords_json = bench.add_parser("json-keywords",
+                                     help="hard + soft: JSON-schema outputs whose strings must cover keywords")
+    _json_keywords_arguments(keywords_json)
 
     models = commands.add_parser("models", help="fetch and prepare models, or list them")
     models.add_argument("action", choices=["pull", "list"])
@@ -105,6 +120,17 @@ def main(argv: list[str] | None = None) -> int:
         return _throughput(args)
     if args.command == "bench" and args.bench == "commongen":
         return _commongen(args)
+    if args.command == "bench" and args.bench == "commongen-sweep":
+        return _commongen_sweep(args)
+    if args.command == "bench" and args.bench == "commongen-merge":
+        from .bench.commongen import format_table as commongen_table
+        from .bench.commongen import merge_reports
+
+        merged = merge_reports([json.loads(Path(p).read_text(encoding="utf-8")) for p in args.reports])
+        merged["summary"] = {}
+        return _report(merged, commongen_table(merged), args.json_out)
+    if args.command == "bench" and args.bench == "json-keywords":
+        return _json_keywords(args)
     if args.command == "bench" and args.bench == "serve":
         return _serve_bench(args)
     if args.command == "bench" and args.bench == "steps":
@@ -175,6 +201,18 @@ def _commongen_arguments(gen: argparse.ArgumentParser) -> None:
     gen.add_argument("--data", required=True, help="CommonGen jsonl (concept_set per line)")
     gen.add_argument("--limit", type=int, default=c.limit, help=f"concept sets, a seeded sample (default {c.limit})")
     gen.add_argument("--seed", type=int, default=c.seed)
+    gen.add_argument("--split", default=c.split, choices=["tune", "report", "all"],
+                     help=f"concept sets by a hash of their text: tune on 'tune', report on 'report' "
+                          f"(default {c.split})")
+    gen.add_argument("--shard", default=c.shard,
+                     help="I/N: every N-th sampled concept set from the I-th (merge: 'bench commongen-merge')")
+    gen.add_argument("--sentence", default=c.sentence, choices=["words", "loose"],
+                     help="hard constraint: a sentence of listed whole words, or the loose letters regex "
+                          f"(default {c.sentence})")
+    gen.add_argument("--max-repeats", type=int, default=c.max_repeats,
+                     help=f"reward: occurrences of a keyword beyond this count against it (default {c.max_repeats})")
+    gen.add_argument("--cdsl-temperature", type=float, default=c.cdsl_temperature,
+                     help="CDSL: 0 accepts by greedy matching, > 0 by speculative sampling at this temperature")
     gen.add_argument("--methods", default=",".join(c.methods), help="comma-separated: greedy, cdlh, cdsl")
     gen.add_argument("--max-tokens", type=int, default=c.max_tokens)
     gen.add_argument("--k", type=int, default=c.k, help=f"CDLH (and draft) candidates per step (default {c.k})")
@@ -204,17 +242,66 @@ def _commongen_arguments(gen: argparse.ArgumentParser) -> None:
     gen.add_argument("--no-progress", action="store_true")
 
 
-def _commongen(args: argparse.Namespace) -> int:
-    from .bench.commongen import CommonGenConfig, format_table, run_commongen
+def _commongen_config(args: argparse.Namespace) -> object:
+    from .bench.commongen import CommonGenConfig
 
-    config = CommonGenConfig(
-        limit=args.limit, seed=args.seed, methods=tuple(args.methods.split(",")), max_tokens=args.max_tokens,
+    return CommonGenConfig(
+        limit=args.limit, seed=args.seed, split=args.split, shard=args.shard, sentence=args.sentence,
+        max_repeats=args.max_repeats,
+        cdsl_temperature=args.cdsl_temperature, methods=tuple(args.methods.split(",")), max_tokens=args.max_tokens,
         k=args.k, d=args.d, lam=args.lam, optimism=args.optimism, cdsl_d=args.cdsl_d,
         acceptance_threshold=args.a_t, reward_threshold=args.r_t, fallback=args.fallback,
         reward_on=args.reward_on, commit=args.commit, draft=args.draft,
         draft_lam=args.draft_lam, suggest=args.suggest, stop_below=args.stop_below,
     )
-    report = run_commongen(args.data, config, progress=not args.no_progress)
+
+
+def _commongen(args: argparse.Namespace) -> int:
+    from .bench.commongen import format_table, run_commongen
+
+    report = run_commongen(args.data, _commongen_config(args), progress=not args.no_progress,
+                           checkpoint=args.json_out)
+    report["summary"] = {}
+    return _report(report, format_table(report), args.json_out)
+
+
+def _commongen_sweep(args: argparse.Namespace) -> int:
+    from .bench.sensitivity import SweepConfig, format_table, plot_sweep, run_sweep
+
+    def values(text: str, kind: type) -> tuple:
+        return tuple(kind(v) for v in text.split(",") if v.strip())
+
+    config = SweepConfig(base=_commongen_config(args), a_t=values(args.a_t_values, float),
+                         r_t=values(args.r_t_values, float), d=values(args.d_values, int),
+                         temperature=args.temperature)
+    report = run_sweep(args.data, config, progress=not args.no_progress, checkpoint=args.json_out)
+    if args.plot:
+        plot_sweep(report, args.plot)
+    report["summary"] = {}
+    return _report(report, format_table(report), args.json_out)
+
+
+def _json_keywords_arguments(parser: argparse.ArgumentParser) -> None:
+    """The hard + soft JSON bench's options; defaults are ``JsonKeywordsConfig``'s."""
+    from .bench.json_keywords import JsonKeywordsConfig
+
+    c = JsonKeywordsConfig()
+    parser.add_argument("--data", required=True, help="CommonGen jsonl (concept_set per line)")
+    parser.add_argument("--limit", type=int, default=c.limit)
+    parser.add_argument("--seed", type=int, default=c.seed)
+    parser.add_argument("--split", default=c.split, choices=["tune", "report", "all"])
+    parser.add_argument("--methods", default=",".join(c.methods), help="comma-separated: greedy, cdlh, cdsl")
+    parser.add_argument("--max-tokens", type=int, default=c.max_tokens)
+    parser.add_argument("--json", dest="json_out")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def _json_keywords(args: argparse.Namespace) -> int:
+    from .bench.json_keywords import JsonKeywordsConfig, format_table, run_json_keywords
+
+    config = JsonKeywordsConfig(limit=args.limit, seed=args.seed, split=args.split,
+                                methods=tuple(args.methods.split(",")), max_tokens=args.max_tokens)
+    report = run_json_keywords(args.data, config, progress=not args.no_progress)
     report["summary"] = {}
     return _report(report, format_table(report), args.json_out)
 

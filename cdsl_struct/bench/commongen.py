@@ -1,13 +1,24 @@
 """``cdsl-struct bench commongen``: keyword-constrained sentences, greedy vs CDLH vs CDSL.
 
 Each CommonGen concept set (``field_N#look_V#stand_V``) becomes an instruction to the embedded
-model; the output is hard-constrained to one bounded sentence, and the reward is keyword
-coverage (inflections count). Metrics: hard coverage (all concepts present) and soft coverage
-(fraction present), wall time and the target / draft pass counters.
+model; the output is hard-constrained to one real sentence (``sentence="words"``: listed whole
+words, see ``bench/sentence.py``; ``"loose"``: the old letters-and-spaces regex), and the reward
+is keyword coverage (inflections count) with each keyword worth at most ``max_repeats``
+occurrences (stuffing scores less).
+
+Protocol: ``split_of`` puts every concept set in ``tune`` or ``report`` by a hash of its text
+(about half each, fixed forever); settings are chosen on ``tune`` and figures are reported on
+``report`` (DESIGN.md, "Evaluation protocol"). Metrics per method: hard and soft coverage with
+bootstrap intervals, complete sentences, fluency (the target's unconstrained mean NLL per token),
+real-word share, keyword repetition, BLEU and ROUGE-L against the references, wall time and the
+target / draft pass counters.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 import random
 import time
 from collections import Counter
@@ -15,24 +26,33 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..constraints import Regex, compile
+from ..constraints import Grammar, Regex, compile
 from ..decoding import decode
 from ..decoding.lookahead import CDLH, CDSL, CDSL_STATES, GuidedDraft
+from ..decoding.sampling import SamplingParams
 from ..models.loading import load_model
 from ..models.runner import ModelRunner, self_draft
 from ..rewards import KeywordCoverage
+from . import quality
 from .maskbench import read_jsonl
+from .sentence import LOOSE_SENTENCE, real_word_share, sentence_grammar
 
-SENTENCE = r"[A-Z][a-z]*( [A-Za-z,']+){2,24}\."
 PROMPT = "Write one short, natural sentence that uses all of these words: {words}."
 METHODS = ("greedy", "cdlh", "cdsl")
+SPLITS = ("tune", "report", "all")
 
 
 @dataclass
 class CommonGenConfig:
-    limit: int = 30
+    limit: int | None = 30
     seed: int = 0
+    split: str = "tune"
+    shard: str = "0/1"
+    """``"i/n"``: only the sampled concept sets at positions i, i + n, ... (parallel runs; merge
+    their reports with ``merge_reports``)."""
     methods: tuple[str, ...] = METHODS
+    sentence: str = "words"
+    max_repeats: int = 2
     max_tokens: int = 48
     k: int = 5
     d: int = 3
@@ -48,57 +68,145 @@ class CommonGenConfig:
     suggest: bool = True
     stop_below: float = 0.5
     draft: str = "int8"
+    cdsl_temperature: float = 0.0
+    """0: CDSL accepts by greedy matching; > 0: by speculative sampling at this temperature
+    (seeded per concept set), the target's own tokens sampled too."""
     model: str = "smollm2"
 
-
-def load_concept_sets(path: str | Path, limit: int | None, seed: int) -> list[list[str]]:
-    rows = [row["concept_set"].split("#") for row in read_jsonl(Path(path))]
-    if limit is not None and limit < len(rows):
-        rows = [rows[i] for i in sorted(random.Random(seed).sample(range(len(rows)), limit))]
-    return rows
-
-
-def run_commongen(data: str | Path, config: CommonGenConfig, progress: bool = True) -> dict[str, Any]:
-    """Decode every concept set with each method; return per-method metrics and sentences."""
-    import tqdm
-
-    loaded = load_model(config.model)
-    tokenizer = loaded.tokenizer
-    target = ModelRunner(loaded.model)
-    draft_runner = ModelRunner(self_draft(loaded.model, config.draft), name=config.draft)
-    compiled = compile(Regex(SENTENCE), tokenizer, eos_token_ids=loaded.eos_token_ids)
-    concept_sets = load_concept_sets(data, config.limit, config.seed)
-    results: dict[str, dict[str, Any]] = {
-        m: {"sentences": [], "hard": 0, "soft": 0.0, "wall_s": 0.0, "target_passes": 0, "target_positions": 0,
-            "draft_passes": 0, "complete": 0, "hard_complete": 0, "states": Counter()} for m in config.methods}
-    for concepts in tqdm.tqdm(concept_sets, disable=not progress, unit="set"):
-        words = [c.split("_")[0] for c in concepts]
-        reward = KeywordCoverage(concepts)
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT.format(words=", ".join(words))}],
-                                               add_generation_prompt=True, tokenize=True)["input_ids"]
-        for method in config.methods:  # interleaved per concept set
-            strategy = _strategy(method, reward, draft_runner, config)
-            start = time.perf_counter()
-            result = decode(target, compiled, prompt, max_tokens=config.max_tokens, strategy=strategy)
-            wall = time.perf_counter() - start
-            row = results[method]
-            covered = reward.covered(result.text)
-            row["sentences"].append({"concepts": concepts, "text": result.text, "covered": covered,
-                                     "finish_reason": result.finish_reason})
-            row["hard"] += len(covered) == len(concepts)
-            row["complete"] += result.complete
-            row["hard_complete"] += result.complete and len(covered) == len(concepts)
-            row["soft"] += len(covered) / len(concepts)
-            row["wall_s"] += wall
-            row["target_passes"] += result.stats.target_passes
-            row["target_positions"] += result.stats.target_positions
-            row["draft_passes"] += result.stats.draft_passes
-            if isinstance(strategy, CDSL):
-                row["states"].update(strategy.states)
-    return _report(results, len(concept_sets), config)
+    def __post_init__(self) -> None:
+        if self.split not in SPLITS:
+            raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {self.split!r}")
+        if self.sentence not in ("words", "loose"):
+            raise ValueError(f"sentence must be 'words' or 'loose', got {self.sentence!r}")
+        index, _, count = self.shard.partition("/")
+        if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
+            raise ValueError(f"shard must be 'i/n' with 0 <= i < n, got {self.shard!r}")
+        unknown = set(self.methods) - set(METHODS)
+        if unknown:
+            raise ValueError(f"unknown method(s) {sorted(unknown)}; choose from {', '.join(METHODS)}")
 
 
-def _strategy(method: str, reward: KeywordCoverage, draft_runner: ModelRunner, config: CommonGenConfig) -> Any:
+def split_of(concept_set: str) -> str:
+    """``"tune"`` or ``"report"``: the parity of the SHA-256 of the concept set's text (stable
+    across runs, machines and Python versions; about half each)."""
+    return "tune" if hashlib.sha256(concept_set.encode("utf-8")).digest()[0] % 2 == 0 else "report"
+
+
+def load_cases(path: str | Path, limit: int | None = None, seed: int = 0,
+               split: str = "all") -> list[dict[str, Any]]:
+    """The concept sets of ``path`` in ``split`` (``"all"``: every one; ``"report"`` leaves out the
+    sets swept on before the split, ``_presplit_sweep``), a seeded sample of ``limit`` of them in
+    sampled order (so any prefix of a run is itself a random sample), or all in file order:
+    ``{"concept_set", "concepts", "references"}`` each."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+    rows = list(read_jsonl(Path(path)))
+    swept = _presplit_sweep(rows) if split == "report" else set()
+    cases = [{"concept_set": row["concept_set"], "concepts": row["concept_set"].split("#"),
+              "references": list(row.get("scene") or [])}
+             for row in rows if (split == "all" or split_of(row["concept_set"]) == split)
+             and row["concept_set"] not in swept]
+    if limit is not None and limit < len(cases):
+        cases = [cases[i] for i in random.Random(seed).sample(range(len(cases)), limit)]
+    return cases
+
+
+def _presplit_sweep(rows: list[dict[str, Any]]) -> set[str]:
+    """The 30 concept sets the defaults were swept on before the split existed (``--limit 30
+    --seed 0`` over the whole file, the old sampling): ``report`` leaves them out."""
+    return {rows[i]["concept_set"] for i in random.Random(0).sample(range(len(rows)), min(30, len(rows)))}
+
+
+def load_concept_sets(path: str | Path, limit: int | None, seed: int, split: str = "all") -> list[list[str]]:
+    """The concepts of ``load_cases``."""
+    return [case["concepts"] for case in load_cases(path, limit, seed, split)]
+
+
+def sentence_constraint(config: CommonGenConfig, tokenizer: Any, eos_token_ids: Any,
+                        keywords: list[str]) -> Any:
+    """The compiled hard constraint of a run: one grammar for all its concept sets (the word list
+    holds every keyword's inflections), or the loose regex."""
+    if config.sentence == "loose":
+        return compile(Regex(LOOSE_SENTENCE), tokenizer, eos_token_ids=eos_token_ids)
+    return compile(Grammar(sentence_grammar(keywords)), tokenizer, backend="llguidance",
+                   eos_token_ids=eos_token_ids, timeout=120.0)
+
+
+class CommonGenBench:
+    """The loaded pieces of a run over fixed ``cases``: the model, its draft, the compiled sentence
+    constraint (built for these cases' keywords), so that several settings can be run on them."""
+
+    def __init__(self, cases: list[dict[str, Any]], config: CommonGenConfig) -> None:
+        self.cases, self.config = cases, config
+        self.loaded = load_model(config.model)
+        self.target = ModelRunner(self.loaded.model)
+        self.draft_runner = ModelRunner(self_draft(self.loaded.model, config.draft), name=config.draft)
+        self.compiled = sentence_constraint(config, self.loaded.tokenizer, self.loaded.eos_token_ids,
+                                            sorted({c for case in cases for c in case["concepts"]}))
+
+    def run(self, config: CommonGenConfig | None = None, progress: bool = True,
+            checkpoint: str | Path | None = None) -> dict[str, Any]:
+        """Decode every case with each of ``config.methods`` (interleaved per case); the report.
+        ``config`` may change any decoding setting, not the model, draft or sentence constraint."""
+        import tqdm
+
+        config = config or self.config
+        tokenizer, eos = self.loaded.tokenizer, set(self.loaded.eos_token_ids)
+        rows: dict[str, list[dict[str, Any]]] = {m: [] for m in config.methods}
+        states: dict[str, Counter] = {m: Counter() for m in config.methods}
+        for index, case in enumerate(tqdm.tqdm(self.cases, disable=not progress, unit="set")):
+            concepts = case["concepts"]
+            words = [c.split("_")[0] for c in concepts]
+            reward = KeywordCoverage(concepts, max_repeats=config.max_repeats)
+            prompt = tokenizer.apply_chat_template(
+                [{"role": "user", "content": PROMPT.format(words=", ".join(words))}],
+                add_generation_prompt=True, tokenize=True)["input_ids"]
+            for method in config.methods:
+                strategy = make_strategy(method, reward, self.draft_runner, config)
+                params = SamplingParams(temperature=config.cdsl_temperature, seed=config.seed * 100003 + index) \
+                    if method == "cdsl" and config.cdsl_temperature > 0 else None
+                start = time.perf_counter()
+                result = decode(self.target, self.compiled, prompt, max_tokens=config.max_tokens, strategy=strategy,
+                                params=params)
+                wall = time.perf_counter() - start
+                output = [t for t in result.tokens if t not in eos]
+                rows[method].append({
+                    "concepts": concepts, "text": result.text, "covered": reward.covered(result.text),
+                    "counts": reward.counts(result.text), "finish_reason": result.finish_reason,
+                    "complete": result.complete, "wall_s": round(wall, 3),
+                    "target_passes": result.stats.target_passes, "target_positions": result.stats.target_positions,
+                    "draft_passes": result.stats.draft_passes,
+                    "nll": round(quality.mean_nll(self.loaded.model, prompt, output), 4),
+                    "real_words": round(real_word_share(result.text, concepts), 4),
+                    "references": case["references"]})
+                if isinstance(strategy, CDSL):
+                    states[method].update(strategy.states)
+            if checkpoint is not None:
+                Path(checkpoint).write_text(json.dumps(_report(rows, states, config), indent=1), encoding="utf-8")
+        return _report(rows, states, config)
+
+
+def run_commongen(data: str | Path, config: CommonGenConfig, progress: bool = True,
+                  checkpoint: str | Path | None = None) -> dict[str, Any]:
+    """Decode every concept set of ``config``'s split and sample with each method; return the report.
+    ``checkpoint``: write the report so far there after every concept set."""
+    cases = load_cases(data, config.limit, config.seed, config.split)
+    index, count = (int(part) for part in config.shard.split("/"))
+    return CommonGenBench(cases[index::count], config).run(progress=progress, checkpoint=checkpoint)
+
+
+def merge_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """One report from the reports of shards of one run (same config but the shard)."""
+    if not reports:
+        raise ValueError("nothing to merge")
+    config = CommonGenConfig(**{**reports[0]["config"], "methods": tuple(reports[0]["config"]["methods"]),
+                                "shard": "0/1"})
+    rows = {m: [s for r in reports for s in r["methods"][m]["sentences"]] for m in config.methods}
+    states = {m: sum((Counter(r["methods"][m]["states"]) for r in reports), Counter()) for m in config.methods}
+    return _report(rows, states, config)
+
+
+def make_strategy(method: str, reward: KeywordCoverage, draft_runner: ModelRunner, config: CommonGenConfig) -> Any:
     if method == "greedy":
         return None
     cdlh = CDLH(reward, k=config.k, d=config.d, lam=config.lam, optimism=config.optimism)
@@ -113,40 +221,70 @@ def _strategy(method: str, reward: KeywordCoverage, draft_runner: ModelRunner, c
     raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
 
 
-def _report(results: dict[str, dict[str, Any]], count: int, config: CommonGenConfig) -> dict[str, Any]:
+def method_metrics(sentences: list[dict[str, Any]], max_repeats: int) -> dict[str, Any]:
+    """The metrics of one method's ``sentences`` (records as ``run_commongen`` writes them)."""
+    n = len(sentences)
+    hard = [float(len(s["covered"]) == len(s["concepts"])) for s in sentences]
+    soft = [len(s["covered"]) / len(s["concepts"]) for s in sentences]
+    complete = [bool(s["complete"]) for s in sentences]
+    nlls = [s["nll"] for s in sentences if not math.isnan(s["nll"])]
+    return {
+        "cases": n,
+        "hard_coverage": _mean(hard), "hard_coverage_ci95": quality.bootstrap_ci(hard),
+        "soft_coverage": _mean(soft), "soft_coverage_ci95": quality.bootstrap_ci(soft),
+        "complete": _mean([float(c) for c in complete]),
+        "hard_coverage_complete": _mean([h * c for h, c in zip(hard, complete, strict=True)]),
+        "nll": _mean(nlls),
+        "real_words": _mean([s["real_words"] for s in sentences]),
+        "repeated_keyword": _mean([float(max(s["counts"], default=0) > 1) for s in sentences]),
+        "over_max_repeats": _mean([float(max(s["counts"], default=0) > max_repeats) for s in sentences]),
+        "bleu": round(quality.bleu([s["text"] for s in sentences], [s["references"] for s in sentences]), 2)
+        if any(s["references"] for s in sentences) else None,
+        "rouge_l": round(quality.rouge_l([s["text"] for s in sentences], [s["references"] for s in sentences]), 4)
+        if any(s["references"] for s in sentences) else None,
+        "wall_s": round(sum(s["wall_s"] for s in sentences), 2),
+        "target_passes": sum(s["target_passes"] for s in sentences),
+        "target_positions": sum(s["target_positions"] for s in sentences),
+        "draft_passes": sum(s["draft_passes"] for s in sentences),
+    }
+
+
+def _mean(values: list[float]) -> float:
+    return round(sum(values) / len(values), 4) if values else math.nan
+
+
+def _report(rows: dict[str, list[dict[str, Any]]], states: dict[str, Counter],
+            config: CommonGenConfig) -> dict[str, Any]:
     methods = {}
-    for method, row in results.items():
-        states = {s: row["states"].get(s, 0) for s in CDSL_STATES} if method == "cdsl" else {}
-        methods[method] = {
-            "hard_coverage": round(row["hard"] / max(count, 1), 4),
-            "soft_coverage": round(row["soft"] / max(count, 1), 4),
-            "complete": round(row["complete"] / max(count, 1), 4),
-            "hard_coverage_complete": round(row["hard_complete"] / max(count, 1), 4),
-            "wall_s": round(row["wall_s"], 2),
-            "target_passes": row["target_passes"],
-            "target_positions": row["target_positions"],
-            "draft_passes": row["draft_passes"],
-            "states": states,
-            "sentences": row["sentences"],
-        }
-    report: dict[str, Any] = {"methods": methods, "config": {k: v for k, v in vars(config).items()}}
-    if "cdsl" in methods and "cdlh" in methods:
+    for method, sentences in rows.items():
+        methods[method] = method_metrics(sentences, config.max_repeats)
+        methods[method]["states"] = {s: states[method].get(s, 0) for s in CDSL_STATES} if method == "cdsl" else {}
+        methods[method]["sentences"] = sentences
+    report: dict[str, Any] = {"methods": methods, "config": dict(vars(config))}
+    if "cdsl" in methods and "cdlh" in methods and rows["cdsl"]:
+        cdsl, cdlh = rows["cdsl"], rows["cdlh"]
+        hard = [[float(len(s["covered"]) == len(s["concepts"])) for s in r] for r in (cdsl, cdlh)]
         report["speedup_cdsl_vs_cdlh"] = round(methods["cdlh"]["wall_s"] / max(methods["cdsl"]["wall_s"], 1e-9), 3)
         report["target_pass_ratio_cdlh_vs_cdsl"] = round(
             methods["cdlh"]["target_passes"] / max(methods["cdsl"]["target_passes"], 1), 3)
         report["cdsl_hard_coverage_vs_cdlh"] = round(
             methods["cdsl"]["hard_coverage"] / max(methods["cdlh"]["hard_coverage"], 1e-9), 3)
+        report["cdsl_hard_coverage_vs_cdlh_ci95"] = quality.paired_ratio_ci(hard[0], hard[1])
     return report
 
 
 def format_table(report: dict[str, Any]) -> str:
-    lines = [f"{'method':8s} {'hard':>6s} {'soft':>6s} {'complete':>8s} {'wall s':>8s} {'passes':>7s} "
-             f"{'draft':>6s}  states"]
+    lines = [f"{'method':8s} {'hard':>6s} {'hard 95% CI':>14s} {'soft':>6s} {'complete':>8s} {'nll':>6s} "
+             f"{'real':>6s} {'>max':>5s} {'bleu':>6s} {'rougeL':>6s} {'wall s':>8s} {'passes':>7s} {'draft':>6s}"
+             "  states"]
     for method, row in report["methods"].items():
-        lines.append(f"{method:8s} {row['hard_coverage']:6.3f} {row['soft_coverage']:6.3f} {row['complete']:8.3f} "
-                     f"{row['wall_s']:8.1f} "
-                     f"{row['target_passes']:7d} {row['draft_passes']:6d}  {row['states'] or ''}")
-    for key in ("speedup_cdsl_vs_cdlh", "target_pass_ratio_cdlh_vs_cdsl", "cdsl_hard_coverage_vs_cdlh"):
+        low, high = row["hard_coverage_ci95"]
+        lines.append(f"{method:8s} {row['hard_coverage']:6.3f} {f'[{low:.3f}, {high:.3f}]':>14s} "
+                     f"{row['soft_coverage']:6.3f} {row['complete']:8.3f} {row['nll']:6.3f} {row['real_words']:6.3f} "
+                     f"{row['over_max_repeats']:5.3f} {row['bleu'] or 0:6.2f} {row['rouge_l'] or 0:6.3f} "
+                     f"{row['wall_s']:8.1f} {row['target_passes']:7d} {row['draft_passes']:6d}  {row['states'] or ''}")
+    for key in ("speedup_cdsl_vs_cdlh", "target_pass_ratio_cdlh_vs_cdsl", "cdsl_hard_coverage_vs_cdlh",
+                "cdsl_hard_coverage_vs_cdlh_ci95"):
         if key in report:
             lines.append(f"{key}: {report[key]}")
     return "\n".join(lines)
