@@ -47,6 +47,8 @@ def add_batch_parser(commands: Any) -> argparse.ArgumentParser:
     batch.add_argument("--temperature", type=float, default=0.0)
     batch.add_argument("--top-p", type=float, default=1.0)
     batch.add_argument("--seed", type=int, default=None)
+    batch.add_argument("--no-chat", action="store_true",
+                       help="send each prompt as it is, without the chat template (base models; no messages rows)")
     batch.add_argument("--fsync", action="store_true", help="fsync after every row (survives power loss)")
     batch.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return batch
@@ -57,7 +59,7 @@ def job_from_args(args: argparse.Namespace) -> BatchJob:
     job = BatchJob(model=args.model, draft=None if args.draft == "none" else args.draft, backend=args.backend,
                    device=args.device, dtype=args.dtype, method=args.method, max_tokens=args.max_tokens,
                    temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                   max_batch_size=max(args.batch_size, 1))
+                   max_batch_size=max(args.batch_size, 1), chat=not args.no_chat)
     if args.schema:
         with open(args.schema, encoding="utf-8") as handle:
             job.schema = handle.read()

@@ -45,11 +45,13 @@ class BatchJob:
     top_p: float = 1.0
     seed: int | None = None
     max_batch_size: int = 16
+    chat: bool = True
 
     def generate_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``Generator.generate`` for every row."""
         kwargs: dict[str, Any] = {"method": self.method, "max_tokens": self.max_tokens,
-                                  "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed}
+                                  "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed,
+                                  "chat": self.chat}
         for name in ("schema", "regex", "choices", "grammar"):
             if getattr(self, name) is not None:
                 kwargs[name] = getattr(self, name)

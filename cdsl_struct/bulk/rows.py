@@ -16,27 +16,30 @@ if TYPE_CHECKING:
 OUTPUT_FIELDS = ("output", "text", "finish_reason", "error")
 
 
-def messages_of(row: dict[str, Any]) -> list[dict[str, Any]]:
-    """The row's chat messages: ``messages`` as given, or ``prompt`` as one user message."""
+def prompt_of(row: dict[str, Any], chat: bool = True) -> Any:
+    """The row's prompt: its ``messages`` as given, or its ``prompt`` as one user message (with
+    ``chat=False``: the ``prompt`` text as it is, for base models without a chat template)."""
     if "messages" in row:
         messages = row["messages"]
+        if not chat:
+            raise ValueError("\"messages\" need the chat template; this job runs with chat off")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise ValueError("\"messages\" must be a non-empty list of {\"role\", \"content\"} objects")
         return messages
     prompt = row.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError("the row needs a non-empty \"prompt\" string or a \"messages\" list")
-    return [{"role": "user", "content": prompt}]
+    return [{"role": "user", "content": prompt}] if chat else prompt
 
 
 def decode_chunk(generator: Generator, job: BatchJob, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Output rows for ``rows``, in order: decoded together as one batch; if the batch call fails,
     row by row, so that only the failing rows carry an ``error``."""
-    prompts: list[list[dict[str, Any]] | None] = []
+    prompts: list[Any] = []
     out: list[dict[str, Any] | None] = []
     for row in rows:
         try:
-            prompts.append(messages_of(row))
+            prompts.append(prompt_of(row, job.chat))
             out.append(None)
         except ValueError as exc:
             prompts.append(None)
