@@ -29,9 +29,55 @@ def test_cdlh_keeps_the_constraint_and_follows_the_reward(setup):
     plain = decode(target, compiled, PROMPT, max_tokens=8)
     steered = decode(target, compiled, PROMPT, max_tokens=8, strategy=CDLH(likes_h, k=4, d=2, lam=50.0))
     assert re.fullmatch(PATTERN, steered.text) and steered.finish_reason == "stop"
-    assert likes_h(steered.text) >= likes_h(plain.text)
-    # one pass per token to score candidates, plus d batched roll-out passes
-    assert steered.stats.target_passes > 2 * plain.stats.target_passes
+    assert likes_h(steered.text) > likes_h(plain.text)  # the reward changed the text
+    # each token: one pass to score the candidates, then at most d batched roll-out passes (plus the prefill)
+    steps = len(steered.tokens)
+    assert 1 + steps < steered.stats.target_passes <= 1 + steps * (1 + 2)
+
+
+def test_cdlh_without_reward_weight_is_greedy_decoding(setup):
+    compiled, target, _ = setup
+    plain = decode(target, compiled, PROMPT, max_tokens=8)
+    for d in (0, 2):  # lam 0: candidates ranked by log p alone, whatever the roll-outs found
+        unweighted = decode(target, compiled, PROMPT, max_tokens=8, strategy=CDLH(likes_h, k=4, d=d, lam=0.0))
+        assert unweighted.tokens == plain.tokens
+    # d 0: no roll-outs, exactly one target pass per token, as greedy decoding
+    no_rollouts = decode(target, compiled, PROMPT, max_tokens=8, strategy=CDLH(likes_h, k=4, d=0, lam=0.0))
+    assert no_rollouts.stats.target_passes == plain.stats.target_passes
+
+
+def never(text, final=False):
+    return 0.0
+
+
+@pytest.mark.parametrize(("a_t", "r_t", "reward", "allowed"), [
+    (0.0, 0.0, likes_h, {"accept"}),  # both thresholds always pass
+    (0.0, 1.0, never, {"reject_reward"}),  # a always passes, r never does
+    (1.0, 1.0, never, {"reject_both", "reject_reward"}),  # r never passes
+    (1.0, 0.0, likes_h, {"accept", "reject_acceptance"}),  # r always passes
+])
+def test_cdsl_state_visits_follow_from_the_thresholds(setup, a_t, r_t, reward, allowed):
+    compiled, target, draft = setup
+    cdsl = CDSL(draft, reward, d=3, acceptance_threshold=a_t, reward_threshold=r_t, fallback="target",
+                reward_on="text", commit="lookahead")
+    result = decode(target, compiled, PROMPT, max_tokens=8, strategy=cdsl)
+    assert re.fullmatch(PATTERN, result.text) and result.finish_reason == "stop"
+    assert set(cdsl.states) <= allowed
+    # fallback "target": every step is exactly one target pass (verification), after the prefill pass
+    assert sum(cdsl.states.values()) == result.stats.target_passes - 1
+
+
+def test_cdsl_reward_threshold_changes_the_accepted_text(setup):
+    compiled, target, draft = setup
+    draft_text = decode(draft.runner, compiled, PROMPT, max_tokens=8).text
+    texts = {}
+    for r_t in (0.0, 1.0):  # a_t 0: only the reward threshold decides
+        cdsl = CDSL(draft, likes_h, d=3, acceptance_threshold=0.0, reward_threshold=r_t, fallback="target",
+                    reward_on="text", commit="lookahead")
+        texts[r_t] = decode(target, compiled, PROMPT, max_tokens=8, strategy=cdsl).text
+        assert set(cdsl.states) == ({"accept"} if r_t == 0.0 else {"reject_reward"})
+    assert texts[0.0] == draft_text  # every lookahead kept: the draft's own text
+    assert texts[1.0] != draft_text  # likes_h < 1 on every lookahead: the target wrote it instead
 
 
 @pytest.mark.parametrize("fallback", ["cdlh", "target"])
@@ -43,6 +89,12 @@ def test_cdsl_counts_states_and_keeps_the_constraint(setup, fallback):
     assert re.fullmatch(PATTERN, result.text) and result.finish_reason == "stop"
     assert set(cdsl.states) <= set(CDSL_STATES) and sum(cdsl.states.values()) >= 1
     assert result.stats.draft_passes > 0
+    steps = sum(cdsl.states.values())
+    if fallback == "target":
+        assert result.stats.target_passes == 1 + steps
+    else:  # a CDLH fallback step adds its candidate roll-outs (d 2) to the verification pass
+        fallbacks = cdsl.states["reject_reward"] + cdsl.states["reject_both"]
+        assert 1 + steps <= result.stats.target_passes <= 1 + steps + 2 * fallbacks
 
 
 def test_cdsl_with_thresholds_zero_is_lossless_speculation(setup):
@@ -153,11 +205,15 @@ def test_optimism_is_checked_and_prefers_unfinished_rollouts(setup):
     compiled, target, _ = setup
     with pytest.raises(ValueError, match="optimism"):
         CDLH(likes_h, optimism=2.0)
-    # a reward met by nothing: with optimism, unfinished roll-outs outscore ending now
+    # a reward met by nothing: without optimism every candidate scores log p alone (greedy decoding);
+    # with full optimism an unfinished roll-out outscores ending, so the output runs to the pattern's
+    # longest (6 letters) before EOS is the only token left
     unmet = CallableReward(lambda text: 0.0, name="unmet")
+    plain = decode(target, compiled, PROMPT, max_tokens=8)
     hasty = decode(target, compiled, PROMPT, max_tokens=8, strategy=CDLH(unmet, k=9, d=1, lam=50.0, optimism=0.0))
     patient = decode(target, compiled, PROMPT, max_tokens=8, strategy=CDLH(unmet, k=9, d=1, lam=50.0, optimism=1.0))
-    assert len(patient.text) >= len(hasty.text) and re.fullmatch(PATTERN, patient.text)
+    assert hasty.text == plain.text and len(plain.text) < 6
+    assert len(patient.text) == 6 and re.fullmatch(PATTERN, patient.text) and patient.finish_reason == "stop"
 
 
 def test_guided_draft_stops_after_an_unsure_token(setup):
