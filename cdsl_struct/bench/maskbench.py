@@ -14,6 +14,7 @@ time budget or the worker's memory passes its budget, so one pathological schema
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import multiprocessing
 import os
@@ -33,6 +34,13 @@ from ..constraints.mask import allocate_bitmask, is_allowed
 from ..errors import CdslError, CompileTimeout
 
 STATUSES = ("passing", "compile_error", "timeout", "validation_error", "invalidation_error")
+SPLITS = ("tune", "report")
+
+
+def split_of(case_id: str) -> str:
+    """The deterministic half a case belongs to: ``tune`` (rules are developed on it) or
+    ``report`` (held out), by the SHA-256 of its id."""
+    return SPLITS[hashlib.sha256(case_id.encode()).digest()[0] & 1]
 
 
 @dataclass
@@ -86,6 +94,8 @@ def run_case(case: dict[str, Any], vocabulary: TokenVocabulary, config: MaskBenc
         result["ttfm_us"] = (time.perf_counter() - start) * 1e6
         result["compile_us"] = compiled.compile_seconds * 1e6
         result["backend"] = compiled.backend
+        if compiled.rewrites:
+            result["rewrites"] = list(compiled.rewrites)
     except CdslError as exc:
         result.update(status="compile_error", error=f"{type(exc).__name__}: {exc}"[:500],
                       ttfm_us=(time.perf_counter() - start) * 1e6)
@@ -216,6 +226,12 @@ def run_maskbench(
         if handle.process.is_alive():
             handle.kill()
     summary = summarise(results, np.concatenate(all_mask_us) if all_mask_us else np.zeros(0))
+    summary["splits"] = {
+        split: summarise([r for r, _ in chosen], np.concatenate([m for _, m in chosen]) if chosen else np.zeros(0))
+        for split in SPLITS
+        for chosen in [[(r, m) for r, m in zip(results, all_mask_us, strict=True) if split_of(r["id"]) == split]]
+    }
+    summary["rewrite_rules"] = dict(Counter(rule for r in results for rule in r.get("rewrites", [])))
     summary.update(
         tokenizer=str(tokenizer) if isinstance(tokenizer, str) else type(tokenizer).__name__,
         backend=config.backend,

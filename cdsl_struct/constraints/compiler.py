@@ -29,6 +29,14 @@ enforced (``Backend.enforces_timeout``):
   so it compiles in a thread named ``cdsl-compile-llguidance``; at the timeout the caller gets
   ``CompileTimeout`` and the abandoned thread ends by itself within those limits.
 
+Schema rewriting: when the first engine refuses a JSON Schema, the schema is rewritten into an
+equivalent one without the keywords the engines lack (``schema_rewrite``: ``not``, ``oneOf``,
+``if``/``then``/``else``, dependencies, unknown formats...) and each engine is tried with the
+rewrite right after its attempt with the original. A schema the engine takes as given never
+pays for the rewrite. The compiled constraint keeps the user's spec (results are validated
+against the original schema) and lists the rules that fired in ``rewrites``; a rewrite that
+cannot be exact is one more refusal in ``skipped``/``attempts`` (backend ``"rewrite"``).
+
 ``timeout=None`` compiles in the calling thread with no worker (``bench maskbench`` isolates
 cases in processes of its own).
 """
@@ -44,7 +52,8 @@ from typing import Any
 
 from ..errors import CompileError, CompileTimeout
 from .backends import BACKEND_NAMES, EngineProgram, get_backend
-from .specs import ConstraintSpec, as_spec
+from .schema_rewrite import rewrite_schema
+from .specs import ConstraintSpec, JsonSchema, as_spec
 from .state import ConstraintState
 from .vocabulary import TokenVocabulary
 from .whitespace import WhitespacePolicy
@@ -73,6 +82,8 @@ class CompiledConstraint:
     program: EngineProgram = field(repr=False)
     skipped: list[tuple[str, str]] = field(default_factory=list)
     """(backend, reason) for each engine ``auto`` tried before this one."""
+    rewrites: tuple[str, ...] = ()
+    """Schema rewrite rules applied before the engine compiled it (empty: the schema as given)."""
 
     def new_state(self) -> ConstraintState:
         """A fresh per-sequence state at the start of the output."""
@@ -117,6 +128,7 @@ def compile(  # noqa: A001 - the natural name, as in re.compile / xgrammar
         else TokenVocabulary.from_tokenizer(tokenizer, eos_token_ids)
     )
     policy = WhitespacePolicy.parse(whitespace)
+    rewrite = backend == "auto"  # an explicit engine compiles the schema as given
     if backend == "auto":
         order = AUTO_ORDER[spec.kind]
     elif backend in BACKEND_NAMES:
@@ -125,9 +137,9 @@ def compile(  # noqa: A001 - the natural name, as in re.compile / xgrammar
         raise ValueError(f"unknown backend {backend!r}; choose auto, {', '.join(BACKEND_NAMES)}")
 
     if not cache:
-        return _compile_uncached(spec, vocabulary, order, policy, timeout)
+        return _compile_uncached(spec, vocabulary, order, policy, timeout, rewrite)
     key = (spec.key, vocabulary.fingerprint, backend, policy.key)
-    compiled = _cached(key, lambda: _compile_uncached(spec, vocabulary, order, policy, timeout))
+    compiled = _cached(key, lambda: _compile_uncached(spec, vocabulary, order, policy, timeout, rewrite))
     model = getattr(spec, "model", None)
     if getattr(compiled.spec, "model", None) is model:
         return compiled
@@ -172,29 +184,58 @@ def _compile_uncached(
     order: tuple[str, ...],
     policy: WhitespacePolicy,
     timeout: float | None,
+    rewrite: bool = False,
 ) -> CompiledConstraint:
     failures: list[tuple[str, CompileError]] = []
+    rewritten: JsonSchema | None = None
+    rules: tuple[str, ...] = ()  # non-empty once the rewrite was tried
+    rewrite_seconds = 0.0
     for name in order:
-        start = time.perf_counter()
-        try:
-            program = _attempt(name, spec, vocabulary, policy, timeout)
-        except CompileError as exc:  # the engine refused the spec: try the next one
-            failures.append((name, exc))
-            continue
-        return CompiledConstraint(
-            spec=spec,
-            vocabulary=vocabulary,
-            backend=name,
-            whitespace=policy,
-            compile_seconds=time.perf_counter() - start,
-            program=program,
-            skipped=[(n, str(e)) for n, e in failures],
-        )
+        for use_rewrite in (False, True):
+            if use_rewrite:
+                if not (rewrite and isinstance(spec, JsonSchema)):
+                    break
+                if not rules:  # the first refusal: rewrite once, reuse for every engine
+                    tick = time.perf_counter()
+                    rewritten, rules = _rewrite(spec, failures)
+                    rewrite_seconds = time.perf_counter() - tick
+                if rewritten is None:
+                    break
+            engine_spec = rewritten if use_rewrite and rewritten is not None else spec
+            start = time.perf_counter() - (rewrite_seconds if use_rewrite else 0.0)
+            try:
+                program = _attempt(name, engine_spec, vocabulary, policy, timeout)
+            except CompileError as exc:  # the engine refused the spec: try the next candidate
+                failures.append((f"{name}+rewrite" if use_rewrite else name, exc))
+                continue
+            return CompiledConstraint(
+                spec=spec,
+                vocabulary=vocabulary,
+                backend=name,
+                whitespace=policy,
+                compile_seconds=time.perf_counter() - start,
+                program=program,
+                skipped=[(n, str(e)) for n, e in failures],
+                rewrites=rules if use_rewrite else (),
+            )
     first = failures[0][1]
     first.attempts = [(n, str(e)) for n, e in failures]  # type: ignore[attr-defined]
     if len(failures) > 1:
         first.args = (str(first) + "; " + "; ".join(f"{n}: {e}" for n, e in failures[1:]),)
     raise first
+
+
+def _rewrite(spec: JsonSchema, failures: list[tuple[str, CompileError]]) -> tuple[JsonSchema | None, tuple[str, ...]]:
+    """The exact rewrite of ``spec`` and the rules that fired; ``None`` when no rule applies or
+    the rewrite was refused (the refusal joins ``failures``). ``rules`` is non-empty once tried."""
+    try:
+        rewrite = rewrite_schema(spec.schema)
+    except CompileError as exc:
+        failures.append(("rewrite", exc))
+        return None, ("refused",)
+    if not rewrite.rules:
+        return None, ("none",)
+    return JsonSchema(rewrite.schema), rewrite.rules
 
 
 def _attempt(

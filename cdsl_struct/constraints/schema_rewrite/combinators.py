@@ -8,6 +8,11 @@ Each turns its keyword into ``anyOf``/``allOf`` over ``not``-free subschemas:
 - ``if I then T else E`` -> ``anyOf [I and T, not I and E]``;
 - ``dependencies``/``dependentRequired``/``dependentSchemas`` ``{k: D}`` -> ``anyOf [no k, D]``,
   where "no k" is ``{properties: {k: false}}`` (true of non-objects, as the keyword is).
+
+Keywords the schema's declared draft does not define are annotations there and are dropped:
+``if``/``then``/``else`` before draft-07, ``dependentRequired``/``dependentSchemas`` before
+2019-09, ``dependencies`` from 2019-09 on. A schema that names no draft is read as 2020-12
+with draft-07's ``dependencies`` (as llguidance and most such schemas in the wild read it).
 """
 
 from __future__ import annotations
@@ -50,6 +55,11 @@ def rewrite_one_of(node: dict, ctx: RewriteContext) -> dict:
 
 
 def rewrite_conditional(node: dict, ctx: RewriteContext) -> dict:
+    if ctx.dialect in (3, 4, 6) and any(k in node for k in ("if", "then", "else")):
+        for key in ("if", "then", "else"):
+            node.pop(key, None)
+        ctx.fire("keyword-of-another-draft")
+        return node
     if "if" not in node:
         node.pop("then", None)
         node.pop("else", None)
@@ -71,6 +81,9 @@ def rewrite_dependencies(node: dict, ctx: RewriteContext) -> dict:
         if keyword not in node:
             continue
         entries = node.pop(keyword)
+        if ctx.dialect in ((2019, 2020) if keyword == "dependencies" else (3, 4, 6, 7)):
+            ctx.fire("keyword-of-another-draft")
+            continue
         if not isinstance(entries, dict):
             raise refuse(keyword, "is not an object")
         ctx.fire(keyword)

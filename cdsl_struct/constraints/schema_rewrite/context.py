@@ -52,6 +52,16 @@ class RewriteContext:
         self.work = 0  # schema nodes built by negation, against MAX_WORK
         self.normalise: Callable[[Schema], Schema] = lambda s: s  # set by the rewriter
 
+    @property
+    def dialect(self) -> int | None:
+        """The draft the root's ``$schema`` names (3, 4, 6, 7, 2019, 2020), ``None`` if none."""
+        uri = str(self.root.get("$schema", "")) if isinstance(self.root, dict) else ""
+        for mark, draft in (("draft-03", 3), ("draft-04", 4), ("draft-06", 6), ("draft-07", 7),
+                            ("2019-09", 2019), ("2020-12", 2020)):
+            if mark in uri:
+                return draft
+        return None
+
     def fire(self, rule: str) -> None:
         if rule not in self.fired:
             self.fired.append(rule)

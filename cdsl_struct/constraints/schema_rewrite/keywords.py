@@ -3,7 +3,8 @@
 
 - An unknown ``format`` is an annotation (every draft says so): dropped. A standard format is
   kept for the engine to enforce or refuse.
-- Draft-04's ``exclusiveMaximum: true`` beside ``maximum: m`` is today's ``exclusiveMaximum: m``.
+- Draft-04's ``exclusiveMaximum: true`` beside ``maximum: m`` is today's ``exclusiveMaximum: m``;
+  keywords later drafts added (``const``, ``if``...) are annotations in draft-04: dropped.
 - ``uniqueItems: false`` and ``uniqueItems`` with ``maxItems <= 1`` say nothing; over items from a
   small finite set it is the list of every array of distinct items; otherwise it is left for the
   engine (no context-free grammar expresses it over an unbounded item set).
@@ -44,7 +45,20 @@ def drop_unknown_format(node: dict, ctx: RewriteContext) -> dict:
     return node
 
 
-def draft4_bounds(node: dict, ctx: RewriteContext) -> dict:
+#: validation keywords later drafts added: annotations (so dropped) in a draft-04 schema
+AFTER_DRAFT4 = ("const", "contains", "propertyNames", "if", "then", "else", "dependentRequired",
+                "dependentSchemas", "prefixItems", "unevaluatedProperties", "unevaluatedItems")
+
+
+def draft4_forms(node: dict, ctx: RewriteContext) -> dict:
+    """Draft-04 read in today's terms (the rewrite is declared draft-07, see ``rewrite_schema``)."""
+    if ctx.dialect == 3:
+        raise refuse("$schema", "draft-03 schemas are not rewritten")
+    if ctx.dialect == 4:
+        for key in AFTER_DRAFT4:
+            if key in node:
+                del node[key]
+                ctx.fire("keyword-of-another-draft")
     for flag, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
         if isinstance(node.get(flag), bool):
             exclusive = node.pop(flag)
@@ -158,7 +172,11 @@ def property_names(node: dict, ctx: RewriteContext) -> dict:
             re.compile(pattern)
         except re.error:
             raise refuse("propertyNames", f"has a pattern Python cannot read: {pattern!r}") from None
-        node["properties"] = {n: (s if re.search(pattern, n) else False) for n, s in props.items()}
+        matching = [n for n in props if re.search(pattern, n)]
+        if matching and extra not in (True, {}):
+            raise refuse("propertyNames", f"pattern also matches declared {matching[0]!r}, which "
+                                          "additionalProperties does not constrain")
+        node["properties"] = {n: (s if n in matching else False) for n, s in props.items()}
         node["patternProperties"] = {pattern: extra}
     elif set(names) <= {"enum", "type"} and "enum" in names or set(names) <= {"const", "type"} and "const" in names:
         allowed = names["enum"] if "enum" in names else [names["const"]]

@@ -1,0 +1,274 @@
+"""Fuzzing the schema rewriter: do the original and the rewritten schema judge alike?
+
+For a schema and its rewrite, instances come from ``hypothesis-jsonschema`` (drawn from the
+original and from the rewrite), from mutations of those (a key dropped or added, a value or
+element replaced by arbitrary JSON) and from arbitrary JSON; ``jsonschema`` judges each under
+both schemas, and any instance they disagree on is a counterexample. ``run_fuzz`` does this for
+every dev-data case the rewriter changes (``cdsl-struct bench fuzz-rewrite``); the tests use
+``compare`` on each rule and on a sample of real schemas. Needs the ``dev`` extra (hypothesis).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from ..constraints.schema_rewrite import rewrite_schema
+from ..errors import CompileError
+
+JSON_SCALARS = (None, True, False, 0, 1, -1, 2.5, -0.5, 10**6, "", "a", "x y", "0")
+
+
+#: how the rewriter reads a schema that names no draft: 2020-12 plus draft-07's ``dependencies``
+UNDECLARED = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    {"dependencies": jsonschema.Draft7Validator.VALIDATORS["dependencies"]},
+)
+
+
+#: a draft-04 schema's rewrite is declared draft-07, whose ``integer`` also admits ``1.0``; the
+#: rewrite is judged with draft-04's reading of ``integer`` (the engines never write ``1.0`` for
+#: an integer, and outputs are validated against the original schema anyway)
+DRAFT7_WITH_DRAFT4_TYPES = jsonschema.validators.extend(
+    jsonschema.Draft7Validator, type_checker=jsonschema.Draft4Validator.TYPE_CHECKER)
+
+
+def validator(schema: Any, rewrite_of: Any = None) -> jsonschema.protocols.Validator:
+    """The ``jsonschema`` validator ``schema`` declares (see ``UNDECLARED`` when it names none);
+    ``rewrite_of``: the original, when ``schema`` is its rewrite."""
+    original = rewrite_of if rewrite_of is not None else schema
+    if isinstance(original, dict) and "draft-04" in str(original.get("$schema", "")) and rewrite_of is not None:
+        return DRAFT7_WITH_DRAFT4_TYPES(schema)
+    cls = jsonschema.validators.validator_for(schema, default=UNDECLARED)
+    return cls(schema)
+
+
+def json_values() -> Any:
+    """A hypothesis strategy of arbitrary JSON values, small."""
+    from hypothesis import strategies as st
+
+    scalars = st.none() | st.booleans() | st.integers(-1000, 1000) | st.floats(
+        allow_nan=False, allow_infinity=False, width=32) | st.text(max_size=6)
+    return st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
+                        | st.dictionaries(st.text(max_size=4), inner, max_size=4), max_leaves=8)
+
+
+def mutated(draw: Any, value: Any, names: list[str], constants: list[Any]) -> Any:
+    """``value`` with one random change drawn by ``draw`` (a hypothesis ``data().draw``):
+    values come from ``constants`` (those the schemas mention) or arbitrary JSON, new keys
+    from ``names``."""
+    from hypothesis import strategies as st
+
+    replacement = st.sampled_from(constants) | json_values() if constants else json_values()
+    if isinstance(value, dict) and (value or names):
+        if not value or draw(st.integers(0, 4)) == 0:
+            key = draw(st.sampled_from(names) if names else st.text(max_size=4))
+            return {**value, key: draw(replacement)}
+        key = draw(st.sampled_from(sorted(value)))
+        choice = draw(st.integers(0, 3))
+        out = dict(value)
+        if choice == 0:
+            del out[key]
+        elif choice == 1:
+            out[key] = draw(replacement)
+        elif choice == 2:
+            out[key] = mutated(draw, out[key], names, constants)
+        else:
+            out[draw(st.sampled_from(names) if names else st.text(max_size=4))] = draw(replacement)
+        return out
+    if isinstance(value, list) and value:
+        index = draw(st.integers(0, len(value) - 1))
+        choice = draw(st.integers(0, 2))
+        out = list(value)
+        if choice == 0:
+            del out[index]
+        elif choice == 1:
+            out[index] = mutated(draw, out[index], names, constants)
+        else:
+            out.append(draw(st.sampled_from(out) | replacement))
+        return out
+    return draw(st.sampled_from(JSON_SCALARS) | replacement)
+
+
+def schema_constants(schema: Any, found: list[Any] | None = None) -> list[Any]:
+    """Values a schema mentions (``const``, ``enum``, numeric bounds and their neighbours)."""
+    found = [] if found is None else found
+    if isinstance(schema, dict):
+        for key, value in schema.items():
+            if key == "const":
+                found.append(value)
+            elif key == "enum" and isinstance(value, list):
+                found.extend(value)
+            elif key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum") and \
+                    isinstance(value, (int, float)) and not isinstance(value, bool):
+                found.extend([value - 1, value, value + 1, value + 0.5])
+            elif key not in ("default", "examples"):
+                schema_constants(value, found)
+    elif isinstance(schema, list):
+        for value in schema:
+            schema_constants(value, found)
+    unique: list[Any] = []
+    for value in found:
+        if not any(type(value) is type(seen) and value == seen for seen in unique):
+            unique.append(value)
+    return unique
+
+
+def property_names(schema: Any, found: set[str] | None = None) -> list[str]:
+    """Every property name a schema mentions (mutations add them to objects)."""
+    found = set() if found is None else found
+    if isinstance(schema, dict):
+        for key in ("properties", "dependentRequired", "dependentSchemas", "dependencies"):
+            if isinstance(schema.get(key), dict):
+                found.update(schema[key])
+        for name in schema.get("required", []) if isinstance(schema.get("required"), list) else []:
+            if isinstance(name, str):
+                found.add(name)
+        for value in schema.values():
+            property_names(value, found)
+    elif isinstance(schema, list):
+        for value in schema:
+            property_names(value, found)
+    return sorted(found)
+
+
+class _IterativeMany:
+    """The ``more()``/``reject()`` loop hypothesis-jsonschema 0.23 draws objects with, written on
+    ``ConjectureData.draw_boolean``: hypothesis 6.170's ``many`` became a context-managed
+    iterator without ``more()``, so ``from_schema`` fails on every object schema without this."""
+
+    def __init__(self, data: Any, min_size: int, max_size: float, average_size: float) -> None:
+        from hypothesis.internal.conjecture.utils import _calc_p_continue
+
+        self.data, self.min_size, self.max_size = data, min_size, max_size
+        self.p_continue = _calc_p_continue(average_size - min_size, max_size - min_size)
+        self.count = self.rejections = 0
+        self.force_stop = False
+
+    def more(self) -> bool:
+        if self.min_size == self.max_size:
+            go = self.count < self.min_size
+        else:
+            forced = (False if self.force_stop or self.count >= self.max_size
+                      else True if self.count < self.min_size else None)
+            go = self.data.draw_boolean(self.p_continue, forced=forced)
+        self.count += go
+        return go
+
+    def reject(self) -> None:
+        self.count -= 1
+        self.rejections += 1
+        if self.rejections > max(3, 2 * self.count):
+            if self.count < self.min_size:
+                self.data.mark_invalid()
+            self.force_stop = True
+
+
+def _patch_hypothesis_jsonschema() -> None:
+    from hypothesis.internal.conjecture import utils
+    from hypothesis_jsonschema import _from_schema
+
+    if not hasattr(utils.many, "more") and not hasattr(_from_schema.cu, "_cdsl_patched"):
+        shim = type("cu", (), {"many": _IterativeMany, "_cdsl_patched": True})
+        _from_schema.cu = shim  # only from_object_schema reads ``cu``
+
+
+def instance_strategy(original: Any, rewritten: Any) -> Any:
+    """Instances from both schemas (where hypothesis-jsonschema can draw them), mutated or not,
+    and arbitrary JSON."""
+    from hypothesis import strategies as st
+    from hypothesis_jsonschema import _from_schema
+
+    _patch_hypothesis_jsonschema()
+    build = getattr(_from_schema, "__from_schema")  # from_schema() defers its errors to draw time
+    alphabet = _from_schema.CharStrategy.from_args(allow_x00=True, codec=None)
+    sources = [json_values()]
+    for schema in (original, rewritten):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                strategy = build(schema, custom_formats=None, alphabet=alphabet)
+            strategy.validate()
+            sources.append(strategy)
+        except Exception:  # noqa: BLE001 - it cannot draw from some schemas (recursive refs...); others fuzz
+            continue
+    names = property_names(original)
+    constants = schema_constants([original, rewritten])
+    if constants:
+        sources.append(st.sampled_from(constants))
+
+    @st.composite
+    def draw_instance(draw: Any) -> Any:
+        value = draw(st.one_of(*sources))
+        return mutated(draw, value, names, constants) if draw(st.booleans()) else value
+
+    return draw_instance()
+
+
+def compare(original: Any, rewritten: Any, examples: int = 100, seed: int = 0) -> dict[str, Any]:
+    """Fuzz one pair: ``{"instances", "valid", "mismatches": [instance, ...]}``."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as hseed
+
+    check_original, check_rewritten = validator(original), validator(rewritten, rewrite_of=original)
+    stats: dict[str, Any] = {"instances": 0, "valid": 0, "mismatches": []}
+
+    @hseed(seed)
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=False,
+              suppress_health_check=list(HealthCheck))
+    @given(instance_strategy(original, rewritten))
+    def run(instance: Any) -> None:
+        verdict = check_original.is_valid(instance)
+        stats["instances"] += 1
+        stats["valid"] += verdict
+        if verdict != check_rewritten.is_valid(instance) and len(stats["mismatches"]) < 5:
+            stats["mismatches"].append(instance)
+
+    run()
+    return stats
+
+
+def run_fuzz(cases: list[dict[str, Any]], examples: int = 100, seed: int = 0) -> dict[str, Any]:
+    """Fuzz the rewrite of every case it changes; also replay the case's own test instances."""
+    started = time.perf_counter()
+    totals: Counter = Counter()
+    failures: list[dict[str, Any]] = []
+    for case in cases:
+        try:
+            rewrite = rewrite_schema(case["schema"])
+        except CompileError:
+            totals["refused"] += 1
+            continue
+        if not rewrite.rules:
+            totals["unchanged"] += 1
+            continue
+        totals["rewritten"] += 1
+        stats = compare(case["schema"], rewrite.schema, examples=examples, seed=seed)
+        shipped = [t["data"] for t in case.get("tests", [])]
+        check_original = validator(case["schema"])
+        check_rewritten = validator(rewrite.schema, rewrite_of=case["schema"])
+        replay = [x for x in shipped if check_original.is_valid(x) != check_rewritten.is_valid(x)]
+        totals["instances"] += stats["instances"] + len(shipped)
+        totals["valid_instances"] += stats["valid"]
+        if stats["mismatches"] or replay:
+            failures.append({"id": case["id"], "rules": list(rewrite.rules),
+                             "instances": [json.dumps(x)[:200] for x in (stats["mismatches"] + replay)[:3]]})
+    return {"summary": {**totals, "mismatching_cases": len(failures),
+                        "wall_s": round(time.perf_counter() - started, 1)}, "failures": failures}
+
+
+def load_rewrite_cases(data: str | Path, split: str | None, limit: int | None) -> list[dict[str, Any]]:
+    """Dev cases (optionally one split) whose schema the first engine refuses or not: all of them;
+    the rewriter is judged on every schema it changes."""
+    from .maskbench import load_cases, split_of
+
+    cases = load_cases(data)
+    if split:
+        cases = [c for c in cases if split_of(c["id"]) == split]
+    return cases[:limit] if limit else cases
