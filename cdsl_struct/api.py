@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,19 +27,24 @@ from .constraints import (
     TokenVocabulary,
     compile,
 )
+from .constraints.closed_objects import close_objects
+from .constraints.specs import as_spec
 from .decoding import DraftModelProposer, SamplingParams, build_proposers, decode
 from .decoding.engine import BatchEngine, Request
 from .decoding.lookahead import CDLH, CDSL
+from .decoding.penalties import Penalties
+from .decoding.stops import StopHoldback
+from .errors import PromptTooLong
 from .models.batch import BatchRunner
 from .models.loading import LoadedModel, load_model
 from .models.runner import ModelRunner, self_draft
 from .options import METHODS
 from .prompts import prompt_ids
-from .result import DecodeStats, Result
+from .result import DecodeStats, Result, parse_value
 from .rewards import KeywordCoverage, Reward, WeightedMean
 from .rewards.base import as_reward
-from .streaming import MarkerHoldback, TextDeltas, stream_in_thread
-from .tools import CALL_MARKER, InvalidToolCall, ToolRequest, auto_choice_pattern, parse_tool_calls, tool_request
+from .streaming import TextDeltas, stream_in_thread
+from .tools import InvalidToolCall, ToolCallsGrammar, ToolRequest, parse_tool_output, tool_request
 
 FREE_TEXT = r"[\s\S]*"
 """The constraint of an unconstrained answer: any text (special tokens excluded), EOS anywhere."""
@@ -63,8 +68,12 @@ class _Request:
     max_tokens: int
     reward: Reward | None = None
     tools: ToolRequest | None = None
-    call: CompiledConstraint | None = None
-    choice: CompiledConstraint | None = None
+    system: str | None = None
+    stop: tuple[str, ...] = ()
+    penalties: Penalties | None = None
+    logprobs: int | None = None
+    answer_format: ConstraintSpec | None = None
+    """With tools: the spec of an answer that is not a call (``schema=`` beside ``tools``)."""
 
 
 class Generator:
@@ -80,13 +89,17 @@ class Generator:
     ``build_proposers``: ``"lookup"``, ``"bf16"``, ``"layers:N"``, a model path, or parts joined
     by ``+``. CDSL uses the draft's model part, else an int8 copy of the target (made on first
     use). ``backend`` / ``whitespace`` / ``compile_timeout`` are passed to ``compile``; ``k`` is
-    the number of tokens speculated per step.
+    the number of tokens speculated per step. ``extra_properties``: False (the default, as in
+    Outlines, XGrammar and vLLM) closes JSON objects that list ``properties`` to keys they do not
+    declare (``constraints.closed_objects``); True decodes schemas exactly as given.
+    ``max_prompt_tokens``: longer prompts raise ``PromptTooLong`` (the model's context always bounds them).
     """
 
     def __init__(self, model: str | LoadedModel = "smollm2", *, draft: str | None = "auto",
                  backend: str = "auto", whitespace: str = "compact", compile_timeout: float = 30.0,
                  k: int = 6, device: Any = "auto", dtype: Any = "auto", max_batch_size: int = 16,
-                 kv_budget_gb: float | None = None) -> None:
+                 kv_budget_gb: float | None = None, extra_properties: bool = False,
+                 max_prompt_tokens: int | None = None) -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         self.loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device, dtype=dtype)
@@ -96,13 +109,14 @@ class Generator:
         self.backend = backend
         self.whitespace = whitespace
         self.compile_timeout = compile_timeout
+        self.extra_properties = extra_properties
+        self.max_prompt_tokens = max_prompt_tokens
         self.k = k
         self.draft: str | None = None if draft in (None, "none") else (AUTO_DRAFT if draft == "auto" else draft)
         self.target = ModelRunner(self.loaded.model)
         self.proposers = build_proposers(self.draft, self.loaded.model, target_tokenizer=self.tokenizer)
         self._cdsl_draft: ModelRunner | None = next(
             (p.runner for p in self.proposers if isinstance(p, DraftModelProposer)), None)
-        self._marker_ids = list(self.tokenizer.encode(CALL_MARKER, add_special_tokens=False))
         self._solo_lock = threading.Lock()  # CDLH / CDSL share self.target, one sequence at a time
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.loaded.eos_token_ids[0]
         self.engine = BatchEngine(BatchRunner(self.loaded.model, pad_token_id=pad), max_batch_size=max_batch_size,
@@ -127,25 +141,30 @@ class Generator:
     def generate(self, prompt: str | Sequence[Any], *, schema: Any = None, regex: str | None = None,
                  choices: Sequence[str] | None = None, grammar: Any = None,
                  keywords: Sequence[str] | None = None, reward: Reward | Callable[..., float] | None = None,
-                 tools: Sequence[Any] | None = None, tool_choice: Any = "auto", parallel_tool_calls: bool = False,
+                 tools: Sequence[Any] | None = None, tool_choice: Any = "auto", parallel_tool_calls: bool = True,
                  method: str = "auto", max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
-                 seed: int | None = None, stream: bool = False,
-                 chat: bool = True) -> Result | list[Result] | Iterator[str | Result]:
+                 seed: int | None = None, stop: str | Sequence[str] | None = None, presence_penalty: float = 0.0,
+                 frequency_penalty: float = 0.0, logprobs: int | None = None, stream: bool = False,
+                 chat: bool = True,
+                 cancel: threading.Event | None = None) -> Result | list[Result] | Iterator[str | Result]:
         """Generate an answer to ``prompt`` under at most one hard constraint.
 
         ``prompt``: a string (one user message in the chat template; ``chat=False`` encodes it
         as it is), a list of ``{"role", "content"}`` messages, or a list of strings (or of
         message lists), which returns a list of Results, decoded together as rows of one batch with
-        the constraint compiled once.
+        the constraint compiled once (with ``seed``, row ``i`` samples with ``seed + i``).
 
-        Constraints (at most one): ``schema`` (JSON Schema dict or text, or a pydantic model:
-        ``value`` is then an instance), ``regex``, ``choices`` (``value`` is the chosen
-        string), ``grammar`` (Lark text, a ``.lark`` path or a shipped name; ``value`` is a
-        ``lark.Tree``), or ``tools`` (OpenAI tool dicts or functions, described to the model in
-        a system message; ``tool_choice`` ``"auto"`` (text or calls), ``"required"``, a tool's
-        name, or ``"none"`` (tools ignored); ``parallel_tool_calls`` allows one or more calls;
-        ``value`` and ``tool_calls`` are the ``ToolCall`` list when calls were made, and ``text``
-        is then the calls' JSON). With none, the answer is free text that ends at EOS.
+        Constraints (at most one): ``schema`` (JSON Schema dict or text, a pydantic model:
+        ``value`` is then an instance, or an Outlines output type), ``regex``, ``choices``
+        (``value`` is the chosen string), ``grammar`` (Lark text, a ``.lark`` path or a shipped
+        name; ``value`` is a ``lark.Tree``). With none, the answer is free text that ends at EOS.
+
+        ``tools`` (OpenAI tool dicts or functions, described to the model in a system message):
+        ``tool_choice`` ``"auto"`` (text or calls; with ``schema``, an answer in that schema or
+        calls), ``"required"``, a tool's name, or ``"none"`` (tools ignored);
+        ``parallel_tool_calls`` (default true) allows more than one call. ``tool_calls`` holds the
+        calls (``value`` too, when the output is complete), ``content`` the text before them;
+        a call cut by ``max_tokens`` is kept with its partial ``arguments_text``.
 
         Soft constraints: ``keywords`` (keyword coverage, inflections count) and ``reward``
         (a ``Reward`` or ``fn(text, final) -> float`` in [0, 1]) steer CDLH/CDSL and combine with
@@ -154,11 +173,16 @@ class Generator:
         ``method``: ``"auto"`` (cdsl with a reward and a draft, cdlh with a reward and no draft,
         else speculative with a draft, else target), ``"target"``, ``"speculative"`` (lossless),
         ``"cdlh"`` or ``"cdsl"`` (greedy only). ``temperature`` 0 is greedy; above it samples
-        with ``top_p`` and ``seed``.
+        with ``top_p`` and ``seed``. ``stop``: strings that end the output where the constraint
+        accepts the text before them (``decoding.stops``); ``presence_penalty`` /
+        ``frequency_penalty`` as OpenAI's; ``logprobs``: record each token's log-probability and
+        that many alternatives (``decoding.logprobs``). ``cancel``: an event that, once set, ends
+        the rows with ``finish_reason="cancelled"`` within a step.
 
-        ``value`` is None and ``complete`` False unless the output ended at EOS in a complete
-        state (``finish_reason == "stop"``). ``stream=True`` returns an iterator of text deltas
-        whose last item is the Result (the deltas concatenate to ``Result.text``).
+        ``value`` is None and ``complete`` False unless the output ended complete (at EOS, or at a
+        stop string, in a complete state: ``finish_reason == "stop"``). ``stream=True`` returns an
+        iterator of text deltas whose last item is the Result (the deltas concatenate to
+        ``Result.text``; text that may begin a stop string is held back until it cannot).
 
         Raises ``ValueError`` for bad parameters and the typed ``CompileError`` subclasses for a
         bad constraint, before anything is decoded (also when streaming).
@@ -166,20 +190,22 @@ class Generator:
         request = self._resolve(schema=schema, regex=regex, choices=choices, grammar=grammar, keywords=keywords,
                                 reward=reward, tools=tools, tool_choice=tool_choice,
                                 parallel_tool_calls=parallel_tool_calls, method=method, max_tokens=max_tokens,
-                                temperature=temperature, top_p=top_p, seed=seed)
-        system = request.tools.system_prompt() if request.tools else None
+                                temperature=temperature, top_p=top_p, seed=seed, stop=stop,
+                                penalties=Penalties(presence_penalty, frequency_penalty), logprobs=logprobs)
         prompts, batch = _split_batch(prompt)
-        encoded = [self._encode(p, chat, system, max_tokens) for p in prompts]
+        encoded = [self._encode(p, chat, request.system, max_tokens) for p in prompts]
         if stream:
             if batch:
                 raise ValueError("stream=True takes one prompt, not a list of prompts")
-            return stream_in_thread(lambda emit: self._run(request, encoded[0], emit))
+            return stream_in_thread(lambda emit: self._run(request, encoded[0], emit, cancel))
         if len(encoded) == 1:
-            results = [self._run(request, encoded[0])]
-        else:  # one thread per prompt so that every row joins the batch (tool calls take two phases)
-            with ThreadPoolExecutor(min(len(encoded), 64), thread_name_prefix="cdsl-row") as pool:
-                results = list(pool.map(lambda ids: self._run(request, ids), encoded))
-        return results if batch else results[0]
+            return self._run(request, encoded[0], None, cancel) if not batch \
+                else [self._run(request, encoded[0], None, cancel)]
+        rows = [request if seed is None else replace(request, params=replace(request.params, seed=seed + i))
+                for i in range(len(encoded))]
+        with ThreadPoolExecutor(min(len(encoded), 64), thread_name_prefix="cdsl-row") as pool:
+            return list(pool.map(lambda pair: self._run(pair[0], pair[1], None, cancel),
+                                 zip(rows, encoded, strict=True)))
 
     def choose_method(self, method: str, has_reward: bool) -> str:
         """The decoder ``method`` means for this Generator (``"auto"`` resolved)."""
@@ -201,24 +227,43 @@ class Generator:
 
     def _resolve(self, *, schema: Any, regex: Any, choices: Any, grammar: Any, keywords: Any, reward: Any,
                  tools: Any, tool_choice: Any, parallel_tool_calls: bool, method: str, max_tokens: int,
-                 temperature: float, top_p: float, seed: int | None) -> _Request:
+                 temperature: float, top_p: float, seed: int | None, stop: Any, penalties: Penalties,
+                 logprobs: int | None) -> _Request:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
         params = SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
         steer = _reward(keywords, reward)
         chosen = self.choose_method(method, steer is not None)
-        if chosen in ("cdlh", "cdsl") and not params.greedy:
-            raise ValueError(f"method {chosen!r} decodes greedily; use temperature=0")
+        stops = _stop_strings(stop)
+        if chosen in ("cdlh", "cdsl"):
+            if not params.greedy:
+                raise ValueError(f"method {chosen!r} decodes greedily; use temperature=0")
+            if stops or penalties.active or logprobs is not None:
+                raise ValueError(f"method {chosen!r} does not take stop, penalties or logprobs")
         calls = tool_request(tools, tool_choice, parallel_tool_calls)
         spec = _answer_spec(schema=schema, regex=regex, choices=choices, grammar=grammar)
-        if calls is not None and spec is not None:
-            raise ValueError("pass tools or one of schema/regex/choices/grammar, not both")
-        request = _Request(self.compile(spec or Regex(FREE_TEXT)), chosen, params, max_tokens, steer, calls)
+        system = None
         if calls is not None:
-            request.call = self.compile(JsonSchema(calls.call_schema))
-            if calls.mode == "auto":
-                request.choice = self.compile(Regex(auto_choice_pattern()))
-        return request
+            if spec is not None and not isinstance(spec, JsonSchema):
+                raise ValueError("with tools, only schema= (the format of an answer that is not a call) may be "
+                                 "given; regex, choices and grammar cannot be combined with tools")
+            answer_format = spec.schema if spec is not None else None
+            system = calls.system_prompt(answer_format)
+            if not self.extra_properties:
+                calls = _closed_tools(calls)
+                answer_format = close_objects(answer_format) if answer_format is not None else None
+            compiled = self.compile(ToolCallsGrammar(calls, answer_format=answer_format, whitespace=self.whitespace))
+        else:
+            compiled = self.compile(self._closed(spec) if spec is not None else Regex(FREE_TEXT))
+        return _Request(compiled, chosen, params, max_tokens, steer, calls, system, stops,
+                        penalties if penalties.active else None, logprobs, spec if calls is not None else None)
+
+    def _closed(self, spec: ConstraintSpec) -> ConstraintSpec:
+        """``spec`` with objects closed to undeclared keys, unless this Generator allows them."""
+        if self.extra_properties or not isinstance(spec, JsonSchema):
+            return spec
+        closed = close_objects(spec.schema)
+        return spec if closed == spec.schema else JsonSchema(closed, model=spec.model)
 
     def compile(self, spec: ConstraintSpec) -> CompiledConstraint:
         """``spec`` compiled for this model's tokenizer (cached by ``cdsl_struct.compile``)."""
@@ -227,72 +272,52 @@ class Generator:
 
     def _encode(self, prompt: Any, chat: bool, system: str | None, max_tokens: int) -> list[int]:
         ids = prompt_ids(self.tokenizer, prompt, chat=chat, system=system)
+        if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
+            raise PromptTooLong(f"the prompt has {len(ids)} tokens; the limit is {self.max_prompt_tokens}")
         context = getattr(self.loaded.model.config, "max_position_embeddings", None)
         if context and len(ids) + max_tokens + 1 > context:
-            raise ValueError(f"prompt of {len(ids)} tokens plus max_tokens={max_tokens} exceeds the model's "
-                             f"context of {context} tokens")
+            raise PromptTooLong(f"prompt of {len(ids)} tokens plus max_tokens={max_tokens} exceeds the model's "
+                                f"context of {context} tokens")
         return ids
 
     # --- decoding -----------------------------------------------------------------------------
 
-    def _run(self, request: _Request, prompt: list[int], emit: Emit | None = None) -> Result:
+    def _run(self, request: _Request, prompt: list[int], emit: Emit | None = None,
+             cancel: threading.Event | None = None) -> Result:
         """Decode one prompt (token ids) for a resolved request; ``emit`` receives text deltas."""
-        tools = request.tools
-        if tools is None:
-            result = self._decode(request, request.answer, prompt, request.max_tokens, emit)
-        elif tools.mode == "call":
-            result = self._calls(request, prompt + self._marker_ids, request.max_tokens, emit)
-        else:
-            result = self._text_or_calls(request, prompt, emit)
+        result = self._decode(request, prompt, emit, cancel)
+        if request.tools is not None:
+            _read_calls(request.tools, request.answer_format, result)
         if result.finish_reason != "stop":
             result.complete, result.value = False, None
         result.method = request.method
+        result.prompt_tokens = len(prompt)
         return result
 
-    def _text_or_calls(self, request: _Request, prompt: list[int], emit: Emit | None) -> Result:
-        """``tool_choice="auto"``: the model writes the call marker or text; after the marker, calls."""
-        assert request.choice is not None
-        holdback = MarkerHoldback(CALL_MARKER, emit) if emit else None
-        first = self._decode(request, request.choice, prompt, request.max_tokens, holdback)
-        if first.finish_reason != "stop" or first.text != CALL_MARKER:
-            if holdback:
-                holdback.release()
-            return first
-        body = [t for t in first.tokens if t not in self.vocabulary.eos_token_ids]
-        room = request.max_tokens - len(first.tokens)
-        if room < 1:
-            return Result(text="", tokens=[], finish_reason="length", complete=False, stats=first.stats)
-        return self._calls(request, prompt + body, room, emit, first.stats)
+    def _decode(self, request: _Request, prompt: list[int], emit: Emit | None,
+                cancel: threading.Event | None) -> Result:
+        compiled = request.answer
+        on_tokens = None
+        if emit is not None:
+            deltas, holdback = TextDeltas(self.vocabulary), StopHoldback(request.stop)
 
-    def _calls(self, request: _Request, prompt: list[int], max_tokens: int, emit: Emit | None,
-               before: DecodeStats | None = None) -> Result:
-        assert request.call is not None and request.tools is not None
-        result = self._decode(request, request.call, prompt, max_tokens, emit)
-        if before is not None:
-            result.stats = _added(before, result.stats)
-        if result.finish_reason == "stop" and result.complete:
-            try:
-                result.tool_calls = parse_tool_calls(request.tools, result.text)
-                result.value = result.tool_calls
-            except InvalidToolCall:  # cannot happen under the constraint; never pass it on as valid
-                result.complete, result.value = False, None
-        return result
+            def on_tokens(tokens: list[int]) -> None:
+                emit(holdback.push(deltas.push(tokens)))
 
-    def _decode(self, request: _Request, compiled: CompiledConstraint, prompt: list[int], max_tokens: int,
-                emit: Emit | None) -> Result:
-        deltas = TextDeltas(self.vocabulary) if emit else None
-        on_tokens = (lambda tokens: emit(deltas.push(tokens))) if emit and deltas else None
         if request.method in ("cdlh", "cdsl"):
             with self._solo_lock:
-                result = decode(self.target, compiled, prompt, k=self.k, max_tokens=max_tokens, params=request.params,
-                                on_tokens=on_tokens, strategy=self._strategy(request))
+                result = decode(self.target, compiled, prompt, k=self.k, max_tokens=request.max_tokens,
+                                params=request.params, on_tokens=on_tokens, strategy=self._strategy(request))
         else:
             proposers = [getattr(p, "fork", lambda p=p: p)() for p in self.proposers] \
                 if request.method == "speculative" else []
-            row = Request(prompt, compiled, request.params, max_tokens, proposers, self.k, on_tokens)
+            row = Request(prompt, compiled, request.params, request.max_tokens, proposers, self.k, on_tokens,
+                          stop=request.stop, penalties=request.penalties, logprobs=request.logprobs,
+                          cancel_event=cancel)
             result = self.engine.submit(row).wait()
-        if emit and deltas:
-            emit(deltas.flush())
+        if emit is not None:
+            emit(holdback.push(deltas.flush()))
+            emit(holdback.finish(result.text))
         return result
 
     def _strategy(self, request: _Request) -> Any:
@@ -320,7 +345,7 @@ def _answer_spec(*, schema: Any, regex: Any, choices: Any, grammar: Any) -> Cons
     if len(given) > 1:
         raise ValueError(f"pass at most one of schema/regex/choices/grammar, got {', '.join(given)}")
     if schema is not None:
-        return schema if isinstance(schema, JsonSchema) else JsonSchema(schema)
+        return as_spec(schema)
     if regex is not None:
         if isinstance(regex, Regex):
             return regex
@@ -341,6 +366,38 @@ def _answer_spec(*, schema: Any, regex: Any, choices: Any, grammar: Any) -> Cons
             raise ValueError("grammar must be Lark text, a .lark path or a shipped grammar's name")
         return Grammar(grammar)
     return None
+
+
+def _closed_tools(calls: ToolRequest) -> ToolRequest:
+    """``calls`` with every tool's parameters closed to undeclared keys."""
+    tools = tuple({**tool, "function": {**tool["function"],
+                                        "parameters": close_objects(tool["function"]["parameters"])}}
+                  for tool in calls.tools)
+    return replace(calls, tools=tools)
+
+
+def _read_calls(tools: ToolRequest, answer: ConstraintSpec | None, result: Result) -> None:
+    """Split a tool request's output into content and calls; a complete output's value is its calls
+    (or, with no call, its answer, parsed by the answer format when there is one)."""
+    try:
+        output = parse_tool_output(tools, result.text, complete=result.complete)
+    except InvalidToolCall:  # cannot happen under the constraint; never pass it on as valid
+        result.complete, result.value = False, None
+        output = parse_tool_output(tools, result.text, complete=False)
+    result.content, result.tool_calls = output.content, output.calls
+    if result.complete:
+        result.value = output.calls or (parse_value(answer, output.content or "") if answer else output.content)
+
+
+def _stop_strings(stop: Any) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    stops = (stop,) if isinstance(stop, str) else tuple(stop)
+    if not all(isinstance(s, str) and s for s in stops):
+        raise ValueError("stop must be a non-empty string or a list of non-empty strings")
+    if len(stops) > 4:
+        raise ValueError(f"at most 4 stop strings are allowed, got {len(stops)}")
+    return stops
 
 
 def _reward(keywords: Any, reward: Any) -> Reward | None:

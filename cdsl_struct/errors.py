@@ -63,3 +63,7 @@ class TokenizerNotFound(CdslError):
 
 class IncompatibleTokenizers(CdslError):
     """Two tokenizers (e.g. draft and target) do not map token ids to the same bytes."""
+
+
+class PromptTooLong(CdslError, ValueError):
+    """A prompt over the model's context (with ``max_tokens``) or the configured prompt limit."""

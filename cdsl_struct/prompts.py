@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from .tools import CALL_MARKER
+from .tools.definitions import CALL_MARKER
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -32,9 +32,8 @@ def normalise_messages(messages: Sequence[Any]) -> list[dict[str, str]]:
         content = _text_content(message.get("content"), i)
         calls = message.get("tool_calls")
         if role == "assistant" and calls:
-            written = [_call_as_json(c, i) for c in calls]
-            content += CALL_MARKER + json.dumps(written[0] if len(written) == 1 else written, ensure_ascii=False,
-                                                separators=(",", ":"))
+            content += "".join(CALL_MARKER + json.dumps(_call_as_json(c, i), ensure_ascii=False, separators=(",", ":"))
+                               for c in calls)
         normalised.append({"role": role, "content": content})
     return normalised
 

@@ -48,11 +48,15 @@ class DecodeStats:
 class Result:
     """A decoded output. ``value`` is set only when the output is complete (valid).
 
-    ``finish_reason``: ``stop`` (EOS at a complete state), ``length`` (``max_tokens`` reached),
+    ``finish_reason``: ``stop`` (EOS at a complete state, or a stop string where the constraint
+    accepts the text before it), ``length`` (``max_tokens`` reached),
     ``constraint_dead_end`` (no token was allowed) or ``cancelled`` (the row was cancelled in the
     batched engine). ``tool_calls`` holds the parsed calls when
-    the model called tools (``value`` is then that list). ``method`` names the decoder that ran
-    (set by ``Generator.generate``).
+    the model called tools (``value`` is then that list; a call cut by ``max_tokens`` is kept with
+    ``arguments=None`` and its partial ``arguments_text``). ``text`` is the whole output as
+    written; ``content`` the message text outside calls (None when there is none).
+    ``logprobs``: per token, when asked for (see ``cdsl_struct.decoding.logprobs``). ``method``
+    names the decoder that ran (set by ``Generator.generate``).
     """
 
     text: str
@@ -63,6 +67,13 @@ class Result:
     stats: DecodeStats = field(default_factory=DecodeStats)
     tool_calls: list[ToolCall] = field(default_factory=list)
     method: str = ""
+    content: str | None = None
+    logprobs: list[dict[str, Any]] | None = None
+    prompt_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if self.content is None and not self.tool_calls:
+            self.content = self.text
 
 
 def parse_value(spec: Any, text: str) -> Any:

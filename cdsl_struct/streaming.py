@@ -31,36 +31,6 @@ class TextDeltas:
         return self._decoder.decode(b"", final=True)
 
 
-class MarkerHoldback:
-    """Passes text deltas on, except while the text so far could still be ``marker``.
-
-    Used for ``tool_choice="auto"``: the call marker is not part of the answer, so it is not
-    streamed; text that turns out not to be the marker is released as soon as it diverges.
-    """
-
-    def __init__(self, marker: str, emit: Callable[[str], None]) -> None:
-        self.marker = marker
-        self.emit = emit
-        self.held = ""
-        self.released = False
-
-    def __call__(self, delta: str) -> None:
-        if self.released:
-            self.emit(delta)
-            return
-        self.held += delta
-        if self.marker.startswith(self.held):
-            self.emit("")  # nothing to show yet, but lets a cancelled stream stop
-        else:
-            self.release()
-
-    def release(self) -> None:
-        """Send what is held (the output was not the marker)."""
-        if not self.released and self.held:
-            self.emit(self.held)
-        self.released = True
-
-
 class Cancelled(Exception):
     """Raised inside a streaming decode when its consumer went away."""
 

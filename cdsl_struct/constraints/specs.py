@@ -127,6 +127,14 @@ class Grammar(ConstraintSpec):
     def key(self) -> str:
         return "lark:" + self.text
 
+    @classmethod
+    def from_text(cls, text: str) -> Grammar:
+        """A grammar from Lark text only, never a file path or a shipped grammar's name: what a
+        server takes from its clients (a string such as ``"../secret.lark"`` is then grammar text)."""
+        if not isinstance(text, str):
+            raise TypeError("grammar text must be a string")
+        return cls(GrammarText(text))
+
     def parser(self) -> lark.Lark:
         """A lark Earley parser for finished outputs (builds a ``lark.Tree``)."""
         return lark.Lark(self.text, start="start", parser="earley")
@@ -236,7 +244,13 @@ def _has_backreference(node: Any) -> bool:
 # --- Lark grammars -----------------------------------------------------------------------------
 
 
+class GrammarText(str):
+    """Lark text that must not be read as a path or a name (see ``Grammar.from_text``)."""
+
+
 def _read_grammar(source: Any) -> tuple[str, str]:
+    if isinstance(source, GrammarText):
+        return str(source), "<grammar text>"
     if isinstance(source, Path):
         return source.read_text(encoding="utf-8"), str(source)
     if not isinstance(source, str):

@@ -35,8 +35,11 @@ from ..constraints.mask import apply_bitmask
 from ..errors import CdslError
 from ..models.batch import BatchRunner, Feed
 from ..result import DecodeStats, Result
+from .logprobs import MAX_TOP_LOGPROBS, token_logprobs
 from .loop import Proposal, Proposer, Session, commit, fill_deferred_masks, finish, propose, truncate
+from .penalties import Penalties
 from .sampling import SamplingParams
+from .stops import StopStrings
 from .width import StepWidth
 
 _ids = itertools.count()
@@ -65,11 +68,16 @@ class Request:
     proposers: Sequence[Proposer] = ()
     k: int = 4
     on_tokens: Callable[[list[int]], None] | None = None
+    stop: Sequence[str] = ()
+    penalties: Penalties | None = None
+    logprobs: int | None = None
+    cancel_event: threading.Event | None = None
     request_id: str = field(default_factory=lambda: f"req-{next(_ids)}")
     result: Result | None = None
     error: BaseException | None = None
     session: Session | None = field(default=None, repr=False)
     cancelled: bool = False
+    _stops: StopStrings | None = field(default=None, init=False, repr=False)
     submitted_at: float = field(default_factory=time.perf_counter)
     started_at: float = 0.0
     _done: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -81,6 +89,9 @@ class Request:
             raise ValueError(f"k must be >= 0, got {self.k}")
         if not self.prompt:
             raise ValueError("a request needs at least one prompt token")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"top logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}")
+        self._stops = StopStrings(self.stop) if self.stop else None
 
     @property
     def done(self) -> bool:
@@ -89,6 +100,10 @@ class Request:
     def cancel(self) -> None:
         """Stop this row at the next step boundary (its Result then has ``finish_reason="cancelled"``)."""
         self.cancelled = True
+
+    @property
+    def is_cancelled(self) -> bool:
+        return self.cancelled or (self.cancel_event is not None and self.cancel_event.is_set())
 
     def wait(self, timeout: float | None = None) -> Result:
         """Block until the row ends; its Result, or its error raised here."""
@@ -269,7 +284,7 @@ class BatchEngine:
             self._start(request)
         rows: list[tuple[Request, Proposal]] = []
         for request in list(self.scheduler.running):
-            if request.cancelled:
+            if request.is_cancelled:
                 self._end(request, reason="cancelled")
                 continue
             session = request.session
@@ -334,6 +349,12 @@ class BatchEngine:
     def _commit_all(self, rows: list[tuple[Request, Proposal, torch.Tensor]], forward: float) -> None:
         """Mask every position of every row in one op on the device, then verify row by row."""
         logits = torch.cat([lg for _, _, lg in rows])
+        offset = 0
+        for request, proposal, row_logits in rows:
+            if request.penalties is not None and request.penalties.active:
+                request.penalties.apply(logits[offset:offset + len(row_logits)], request.session.output,
+                                        proposal.tokens)
+            offset += len(row_logits)
         masks = torch.stack([m for _, p, _ in rows for m in p.masks])
         masked = apply_bitmask(logits, masks)
         choices = torch.argmax(masked, dim=-1).tolist()
@@ -356,12 +377,18 @@ class BatchEngine:
                 if self.width is not None:
                     self.width.observe_verdict(proposal.drafted, max(0, stats.accepted - accepted_before
                                                                      - proposal.forced))
+                if committed and request.logprobs is not None:
+                    session.logprobs = (session.logprobs or []) + token_logprobs(
+                        masked[span], committed, session.params, request.logprobs, session.compiled.vocabulary)
+                stopped = bool(committed) and request._stops is not None and request._stops.end(session)
                 if committed and request.on_tokens is not None:
                     request.on_tokens(committed)
             except Exception as exc:  # noqa: BLE001
                 self._end(request, error=exc)
                 continue
-            if not committed:
+            if stopped:
+                self._end(request, reason="stop_string")
+            elif not committed:
                 self._end(request, reason="constraint_dead_end")
             elif session.state.finished or len(session.output) >= request.max_tokens:
                 self._end(request)
@@ -377,11 +404,16 @@ class BatchEngine:
         elif request.session is None:
             request.error = RequestCancelled(f"request {request.request_id} was cancelled")
         else:
-            result = finish(request.session, dead_end=reason == "constraint_dead_end")
-            if reason == "cancelled":
-                result.finish_reason = "cancelled"
-            result.stats.decode_seconds = time.perf_counter() - request.started_at - result.stats.prefill_seconds
-            request.result = result
+            try:
+                result = finish(request.session, dead_end=reason == "constraint_dead_end",
+                                stopped=reason == "stop_string")
+            except Exception as exc:  # noqa: BLE001 - e.g. a value that fails to parse: the row's error
+                request.error = exc
+            else:
+                if reason == "cancelled":
+                    result.finish_reason = "cancelled"
+                result.stats.decode_seconds = time.perf_counter() - request.started_at - result.stats.prefill_seconds
+                request.result = result
         request._done.set()
 
 

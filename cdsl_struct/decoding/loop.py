@@ -69,6 +69,8 @@ class Session:
     stats: DecodeStats
     output: list[int] = field(default_factory=list)
     max_tokens: int = 0
+    logprobs: list[dict[str, Any]] | None = None
+    """Per committed token, when the request asked for log-probabilities (``decoding.logprobs``)."""
 
     @property
     def sequence(self) -> list[int]:
@@ -290,18 +292,20 @@ def verify(session: Session, proposal: Proposal, masked: torch.Tensor,
     return accepted, choose(final, params, generator)
 
 
-def finish(session: Session, dead_end: bool) -> Result:
+def finish(session: Session, dead_end: bool, stopped: bool = False) -> Result:
     """The Result of a session that stopped (timing counters are the caller's to fill).
 
-    Only an output that ended at EOS in a complete state is complete and gets a value: one cut
-    by ``max_tokens`` is ``length`` and incomplete even where the constraint would accept it.
+    Only an output that ended at EOS in a complete state, or at a stop string where the
+    constraint accepts (``stopped``), is complete and gets a value: one cut by ``max_tokens`` is
+    ``length`` and incomplete even where the constraint would accept it.
     """
     state, stats = session.state, session.stats
     text = session.text_of(session.output)
-    complete = state.finished
-    reason = "stop" if state.finished else ("constraint_dead_end" if dead_end else "length")
+    complete = state.finished or (stopped and state.is_complete())
+    reason = "stop" if complete else ("constraint_dead_end" if dead_end else "length")
     stats.tokens = len(session.output)
     stats.mask_seconds = state.mask_seconds
     value: Any = parse_value(session.compiled.spec, text) if complete else None
+    logprobs = session.logprobs[:len(session.output)] if session.logprobs is not None else None
     return Result(text=text, tokens=list(session.output), finish_reason=reason, complete=complete,
-                  value=value, stats=stats)
+                  value=value, stats=stats, logprobs=logprobs)

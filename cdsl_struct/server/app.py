@@ -1,51 +1,78 @@
 """The OpenAI-compatible FastAPI app over one ``Generator``, and ``serve`` to run it with uvicorn.
 
 Routes: ``GET /v1/models``, ``GET /v1/models/{id}``, ``POST /v1/chat/completions``,
-``POST /v1/completions``, ``GET /health``. Request fields are in ``protocol``, response bodies in
-``responses``, status codes in ``errors``, the queue in ``worker``, the body limit in ``limits``.
+``POST /v1/completions``, ``GET /health``, ``GET /metrics``. A request flows one way: the body is
+parsed into a ``GenerateCall`` (``protocol``), admitted or refused with 429 (``worker``), its rows
+decode in the Generator's batched engine with every other request's (tools become one
+constraint there and the text is read back into calls), and the Results become response bodies
+or stream chunks (``responses``). A request whose client goes away, or that runs past its
+deadline, has its rows cancelled within a step.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import FastAPI
-from fastapi.responses import StreamingResponse
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
 
-from ..prompts import prompt_ids
-from ..tools import tool_request
+from ..tools import CallStream
 from . import responses
+from .auth import API_KEY_ENV, ApiKeyAuth
 from .errors import APIError, from_exception, install_handlers
 from .limits import BodySizeLimit
-from .protocol import ChatCompletionRequest, CompletionRequest, GenerateCall
-from .responses import ChunkWriter, Finished
+from .metrics import Metrics, StatusCounter
+from .protocol import ChatCompletionRequest, CompletionRequest, GenerateCall, ServerLimits
+from .responses import ChunkWriter
 from .worker import GenerationWorker
 
 DEFAULT_MAX_REQUEST_BYTES = 2 * 1024 * 1024
 DEFAULT_QUEUE_LIMIT = 64
 DEFAULT_MAX_TOKENS = 256
+DISCONNECT_POLL_S = 0.2
 
 
-def count_prompt_tokens(generator: Any, prompt: Any, kwargs: dict[str, Any]) -> int:
-    """Tokens of one prompt as ``Generator.generate`` renders it (chat template, tools' system prompt)."""
-    calls = tool_request(kwargs.get("tools"), kwargs.get("tool_choice", "auto"),
-                         kwargs.get("parallel_tool_calls", False))
-    system = calls.system_prompt() if calls else None
-    return len(prompt_ids(generator.tokenizer, prompt, chat=kwargs.get("chat", True), system=system))
+@dataclass(frozen=True)
+class ServerConfig:
+    """How the server admits and bounds requests.
+
+    ``max_request_bytes``: larger bodies get 413. ``queue_limit``: requests that may wait behind
+    the running ones (as many run together as the engine batches); more get 429 with
+    Retry-After. ``default_max_tokens``: when a request gives none. ``limits``: what one request
+    may ask (``ServerLimits``). ``request_timeout``: seconds a request may take before its rows
+    are cancelled and it is answered 504. ``api_key``: required as a bearer token on ``/v1``
+    when set. ``shutdown_grace``: seconds running requests get to finish on shutdown.
+    """
+
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    queue_limit: int = DEFAULT_QUEUE_LIMIT
+    default_max_tokens: int = DEFAULT_MAX_TOKENS
+    limits: ServerLimits = field(default_factory=ServerLimits)
+    request_timeout: float = 600.0
+    api_key: str | None = None
+    shutdown_grace: float = 30.0
 
 
 class _Service:
-    """The Generator behind the routes: the queue, the served model names, the defaults."""
+    """The Generator behind the routes: admission, cancellation, the served model's name."""
 
-    def __init__(self, generator: Any, worker: GenerationWorker, default_max_tokens: int) -> None:
+    def __init__(self, generator: Any, config: ServerConfig) -> None:
         self.generator = generator
-        self.worker = worker
-        self.default_max_tokens = default_max_tokens
+        self.config = config
+        engine = getattr(generator, "engine", None)
+        self.worker = GenerationWorker(config.queue_limit,
+                                       engine.scheduler.max_batch_size if engine is not None else 1)
+        self.metrics = Metrics(self.worker, engine)
         self.model = str(generator.model_name)
         self.created = int(time.time())
+        self.cancels: set[threading.Event] = set()
 
     def check_model(self, name: str | None) -> None:
         if name and name != self.model:
@@ -55,64 +82,85 @@ class _Service:
     def model_card(self) -> dict[str, Any]:
         return {"id": self.model, "object": "model", "created": self.created, "owned_by": "cdsl_struct"}
 
-    # --- jobs, run on the worker threads ------------------------------------------------------------
-    def finished(self, call: GenerateCall) -> Finished | list[Finished]:
-        output = self.generator.generate(call.prompt, **call.kwargs)
-        if isinstance(output, list):
-            return [Finished(result, count_prompt_tokens(self.generator, prompt, call.kwargs))
-                    for result, prompt in zip(output, call.prompt, strict=True)]
-        return Finished(output, count_prompt_tokens(self.generator, call.prompt, call.kwargs))
+    def _generate(self, call: GenerateCall, cancel: threading.Event, **extra: Any) -> Any:
+        return self.generator.generate(call.prompt, cancel=cancel, **call.kwargs, **extra)
 
-    def streamed(self, call: GenerateCall) -> Iterator[str | Finished]:
-        stream = self.generator.generate(call.prompt, stream=True, **call.kwargs)
+    # --- whole answers --------------------------------------------------------------------------
+    async def answer(self, call: GenerateCall, http: Request) -> list[Any]:
+        """Run ``call``; cancel its rows if the client goes away or the deadline passes."""
+        cancel = threading.Event()
+        self.cancels.add(cancel)
+        started = time.perf_counter()
         try:
-            for item in stream:
-                if isinstance(item, str):
-                    yield item
-                else:
-                    yield Finished(item, count_prompt_tokens(self.generator, call.prompt, call.kwargs))
+            task = asyncio.ensure_future(self.worker.run(lambda: self._generate(call, cancel)))
+            deadline = started + self.config.request_timeout
+            while not task.done():
+                await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+                if task.done():
+                    break
+                if await http.is_disconnected() or time.perf_counter() > deadline:
+                    cancel.set()
+            try:
+                output = task.result()
+            except Exception as exc:
+                raise from_exception(exc, param=call.constraint_param) from exc
+        finally:
+            cancel.set()  # also when this handler is cancelled (server shutdown)
+            self.cancels.discard(cancel)
+        results = output if isinstance(output, list) else [output]
+        self.metrics.observe(results, started)
+        if any(r.finish_reason == "cancelled" for r in results):
+            raise APIError(504, f"The request ran past the server's deadline of {self.config.request_timeout} s "
+                                "(or its client went away) and was cancelled.", code="deadline_exceeded")
+        return results
+
+    # --- streams ----------------------------------------------------------------------------------
+    async def stream(self, call: GenerateCall, *, chat: bool, include_usage: bool) -> StreamingResponse:
+        """Server-sent events; errors before the first item are answered with their status code."""
+        cancel = threading.Event()
+        self.cancels.add(cancel)
+        started = time.perf_counter()
+        items = self.worker.stream(lambda: self._stream_items(call, cancel))
+        try:
+            first = await items.__anext__()
+        except Exception as exc:
+            cancel.set()
+            self.cancels.discard(cancel)
+            await items.aclose()
+            raise from_exception(exc, param=call.constraint_param) from exc
+        events = self._events(first, items, call, ChunkWriter(self.model, chat=chat), include_usage, cancel, started)
+        return StreamingResponse(events, media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    def _stream_items(self, call: GenerateCall, cancel: threading.Event) -> Iterator[Any]:
+        stream = self._generate(call, cancel, stream=True)
+        try:
+            yield from stream
         finally:
             close = getattr(stream, "close", None)
             if close is not None:
                 close()
 
-    # --- answers --------------------------------------------------------------------------------------
-    async def answer(self, call: GenerateCall) -> Finished | list[Finished]:
-        try:
-            return await self.worker.run(lambda: self.finished(call))
-        except Exception as exc:
-            raise from_exception(exc, param=call.constraint_param) from exc
-
-    async def stream(self, call: GenerateCall, *, chat: bool, include_usage: bool) -> StreamingResponse:
-        """Server-sent events; errors before the first item are answered with their status code."""
-        items = self.worker.stream(lambda: self.streamed(call))
-        try:
-            first = await items.__anext__()
-        except Exception as exc:
-            await items.aclose()
-            raise from_exception(exc, param=call.constraint_param) from exc
-        tool_mode = bool(call.kwargs.get("tools")) and call.kwargs.get("tool_choice") != "none"
-        events = self._events(first, items, call, ChunkWriter(self.model, chat=chat), include_usage, tool_mode)
-        return StreamingResponse(events, media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
     async def _events(self, first: Any, items: AsyncIterator[Any], call: GenerateCall, writer: ChunkWriter,
-                      include_usage: bool, tool_mode: bool) -> AsyncIterator[str]:
-        def content(text: str) -> dict[str, Any] | str:
-            return {"content": text} if writer.chat else text
-
+                      include_usage: bool, cancel: threading.Event, started: float) -> AsyncIterator[str]:
+        calls = CallStream() if call.tool_mode and writer.chat else None
         if writer.chat:
-            yield writer.delta({"role": "assistant", "content": ""})
-        sent: list[str] = []
-        done: Finished | None = None
+            yield writer.delta({"role": "assistant", "content": None if calls else ""})
+        result, first_at, streamed = None, None, ""
         try:
             item = first
             while True:
-                if isinstance(item, Finished):
-                    done = item
-                elif item and not tool_mode:  # tool calls are sent whole, once parsed
-                    sent.append(item)
-                    yield writer.delta(content(item))
+                if isinstance(item, str):
+                    if item and first_at is None:
+                        first_at = time.perf_counter()
+                    streamed += item
+                    for chunk in self._text_chunks(item, calls, writer):
+                        yield chunk
+                else:
+                    result = item
+                    rest = result.text[len(streamed):] if result.text.startswith(streamed) else ""
+                    for chunk in self._text_chunks(rest, calls, writer):  # what no delta carried
+                        yield chunk
                 try:
                     item = await items.__anext__()
                 except StopAsyncIteration:
@@ -122,58 +170,76 @@ class _Service:
             yield responses.sse("[DONE]")
             return
         finally:
+            cancel.set()  # a client that went away closes this generator: its row stops within a step
+            self.cancels.discard(cancel)
             await items.aclose()
-        if done is None:
+        if result is None:
             yield responses.sse(APIError(500, "The generation ended without a result.").body())
             yield responses.sse("[DONE]")
             return
-        result = done.result
-        reason = responses.finish_reason(result)
-        if reason == "tool_calls" and writer.chat:
-            calls = [responses.tool_call_json(tool_call, i) for i, tool_call in enumerate(result.tool_calls)]
-            yield writer.delta({"tool_calls": calls})
-        else:
-            streamed = "".join(sent)
-            rest = result.text[len(streamed):] if result.text.startswith(streamed) else ""
-            if rest:
-                yield writer.delta(content(rest))
-        yield writer.delta({} if writer.chat else "", reason)
+        if calls is not None:
+            held = calls.flush()
+            if held:
+                yield writer.content(held)
+        self.metrics.observe([result], started, first_at)
+        yield writer.delta({} if writer.chat else "", responses.finish_reason(result, call.named_tool))
         if include_usage:
-            yield writer.usage(done)
+            yield writer.usage(result)
         yield responses.sse("[DONE]")
 
+    @staticmethod
+    def _text_chunks(delta: str, calls: CallStream | None, writer: ChunkWriter) -> Iterator[str]:
+        if calls is None:
+            if delta:
+                yield writer.content(delta)
+            return
+        content, pieces = calls.push(delta)
+        if content:
+            yield writer.content(content)
+        for piece in pieces:
+            yield writer.call_delta(piece)
 
-def create_app(generator: Any, *, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-               queue_limit: int = DEFAULT_QUEUE_LIMIT, compile_timeout: float | None = None,
-               default_max_tokens: int = DEFAULT_MAX_TOKENS) -> FastAPI:
+    def shutdown(self) -> None:
+        """Cancel what still runs and stop the workers."""
+        for cancel in list(self.cancels):
+            cancel.set()
+        self.worker.shutdown()
+
+
+def create_app(generator: Any, config: ServerConfig | None = None, **options: Any) -> FastAPI:
     """An OpenAI-compatible app serving ``generator`` (a ``cdsl_struct.api.Generator``).
 
-    ``max_request_bytes``: larger bodies get 413. ``queue_limit``: requests allowed to wait behind
-    the running ones (as many run together as the Generator's engine batches); more get 429.
-    ``compile_timeout``: seconds a constraint may take to compile (default: the Generator's); over
-    it the request gets 400 ``compile_timeout``.
-    ``default_max_tokens``: when a request gives none.
+    ``config`` (or its fields as keyword arguments): see ``ServerConfig``. ``compile_timeout``
+    (keyword): seconds a constraint may take to compile; over it the request gets 400.
     """
+    compile_timeout = options.pop("compile_timeout", None)
     if compile_timeout is not None:
         generator.compile_timeout = compile_timeout
-    engine = getattr(generator, "engine", None)
-    worker = GenerationWorker(queue_limit, engine.scheduler.max_batch_size if engine is not None else 1)
-    service = _Service(generator, worker, default_max_tokens)
+    config = config or ServerConfig(**options)
+    service = _Service(generator, config)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
-        worker.shutdown()
+        service.shutdown()
 
     app = FastAPI(title="cdsl_struct", description="OpenAI-compatible structured generation", lifespan=lifespan)
     app.state.service = service
     install_handlers(app)
-    app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes)
+    app.add_middleware(BodySizeLimit, max_bytes=config.max_request_bytes)
+    if config.api_key:
+        app.add_middleware(ApiKeyAuth, api_key=config.api_key)
+    app.add_middleware(StatusCounter, metrics=service.metrics)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
         """Liveness, the served model, and how many requests are running or waiting."""
-        return {"status": "ok", "model": service.model, "active_requests": worker.active}
+        return {"status": "ok", "model": service.model, "active_requests": service.worker.active}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        """Prometheus metrics."""
+        return Response(service.metrics.exposition(), media_type=service.metrics.content_type)
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
@@ -187,41 +253,46 @@ def create_app(generator: Any, *, max_request_bytes: int = DEFAULT_MAX_REQUEST_B
         return service.model_card()
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(body: ChatCompletionRequest) -> dict[str, Any] | StreamingResponse:
+    async def chat_completions(body: ChatCompletionRequest, http: Request) -> dict[str, Any] | StreamingResponse:
         """Chat completion: messages through the chat template, constrained output or tool calls."""
         service.check_model(body.model)
-        call = body.to_call(service.default_max_tokens)
+        call = body.to_call(config.default_max_tokens, config.limits)
         if body.stream:
             return await service.stream(call, chat=True, include_usage=body.include_usage)
-        done = await service.answer(call)
-        assert isinstance(done, Finished)
-        return responses.chat_completion(done, service.model)
+        results = await service.answer(call, http)
+        return responses.chat_completion(results, service.model, call.named_tool)
 
     @app.post("/v1/completions", response_model=None)
-    async def completions(body: CompletionRequest) -> dict[str, Any] | StreamingResponse:
+    async def completions(body: CompletionRequest, http: Request) -> dict[str, Any] | StreamingResponse:
         """Text completion of a prompt (or a list of prompts), constrained by the extension fields."""
         service.check_model(body.model)
-        call = body.to_call(service.default_max_tokens)
+        call = body.to_call(config.default_max_tokens, config.limits)
         if body.stream:
             return await service.stream(call, chat=False, include_usage=body.include_usage)
-        done = await service.answer(call)
-        return responses.text_completion(done if isinstance(done, list) else [done], service.model)
+        results = await service.answer(call, http)
+        return responses.text_completion(results, service.model, call.n)
 
     return app
 
 
 def serve(host: str = "127.0.0.1", port: int = 8000, model: str = "smollm2", draft: str | None = "auto", *,
-          backend: str = "auto", whitespace: str = "compact", compile_timeout: float = 30.0,
-          max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, queue_limit: int = DEFAULT_QUEUE_LIMIT,
-          default_max_tokens: int = DEFAULT_MAX_TOKENS, log_level: str = "info", device: Any = "auto",
-          dtype: Any = "auto", max_batch_size: int = 16) -> None:
-    """Load ``model`` (with ``draft``) once on ``device`` and serve it on ``host:port`` until interrupted."""
+          backend: str = "auto", whitespace: str = "compact", compile_timeout: float = 30.0, log_level: str = "info",
+          device: Any = "auto", dtype: Any = "auto", max_batch_size: int = 16, extra_properties: bool = False,
+          max_prompt_tokens: int | None = None, **options: Any) -> None:
+    """Load ``model`` (with ``draft``) once on ``device`` and serve it on ``host:port`` until interrupted.
+
+    ``options``: ``ServerConfig`` fields; ``api_key`` defaults to the ``CDSL_STRUCT_API_KEY``
+    environment variable.
+    """
     import uvicorn
 
     from ..api import Generator
 
+    options.setdefault("api_key", os.environ.get(API_KEY_ENV) or None)
+    config = ServerConfig(**options)
     generator = Generator(model, draft=draft, backend=backend, whitespace=whitespace, compile_timeout=compile_timeout,
-                          device=device, dtype=dtype, max_batch_size=max_batch_size)
-    app = create_app(generator, max_request_bytes=max_request_bytes, queue_limit=queue_limit,
-                     default_max_tokens=default_max_tokens)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+                          device=device, dtype=dtype, max_batch_size=max_batch_size, extra_properties=extra_properties,
+                          max_prompt_tokens=max_prompt_tokens)
+    app = create_app(generator, config)
+    uvicorn.run(app, host=host, port=port, log_level=log_level,
+                timeout_graceful_shutdown=max(1, int(config.shutdown_grace)))

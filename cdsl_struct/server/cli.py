@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
 from ..generate_cli import add_device_arguments
 from ..options import BACKENDS
+from .auth import API_KEY_ENV
 
 INSTALL_HINT = "cdsl-struct serve needs the server extra: pip install 'cdsl_struct[server]'"
 
@@ -17,9 +19,10 @@ def add_serve_parser(commands: Any) -> argparse.ArgumentParser:
     serve = commands.add_parser(
         "serve", help="run the OpenAI-compatible HTTP server (needs the 'server' extra)",
         description="Serve one model over an OpenAI-compatible API: GET /v1/models, POST /v1/chat/completions, "
-                    "POST /v1/completions (response_format json_schema/json_object, tools, stream, and the extension "
-                    "fields regex, grammar, choices, keywords, method). Concurrent requests decode together as rows "
-                    "of one batch (up to --max-batch-size); more wait in a bounded queue.")
+                    "POST /v1/completions (response_format json_schema/json_object, tools, stream, n, stop, logprobs, "
+                    "penalties, and the extension fields regex, grammar, choices, keywords, method), GET /metrics. "
+                    "Concurrent requests decode together as rows of one batch (up to --max-batch-size); "
+                    "more wait in a bounded queue.")
     serve.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     serve.add_argument("--model", default="smollm2",
@@ -39,6 +42,25 @@ def add_serve_parser(commands: Any) -> argparse.ArgumentParser:
                        help="requests that may wait behind the running batch; more get 429 (default 64)")
     serve.add_argument("--default-max-tokens", type=int, default=256,
                        help="max_tokens of a request that gives none (default 256)")
+    serve.add_argument("--max-tokens-limit", type=int, default=4096,
+                       help="largest max_tokens a request may ask; more gets 400 (default 4096)")
+    serve.add_argument("--max-prompt-tokens", type=int, default=None,
+                       help="longest prompt in tokens; longer gets 400 context_length_exceeded (default: the "
+                            "model's context)")
+    serve.add_argument("--max-constraint-bytes", type=int, default=64 * 1024,
+                       help="largest schema, grammar, regex or tool parameters schema (default 64 KiB)")
+    serve.add_argument("--max-schema-depth", type=int, default=48,
+                       help="deepest nesting of a schema a request may send (default 48)")
+    serve.add_argument("--max-n", type=int, default=8, help="largest n (choices per request) (default 8)")
+    serve.add_argument("--request-timeout", type=float, default=600.0,
+                       help="seconds a request may run before it is cancelled and answered 504 (default 600)")
+    serve.add_argument("--shutdown-grace", type=float, default=30.0,
+                       help="seconds running requests get to finish when the server stops (default 30)")
+    serve.add_argument("--allow-extra-properties", action="store_true",
+                       help="decode JSON schemas exactly as given; by default objects that list properties "
+                            "get no undeclared keys (as in Outlines, XGrammar and vLLM)")
+    serve.add_argument("--api-key", default=None,
+                       help=f"require 'Authorization: Bearer KEY' on /v1 (default: ${API_KEY_ENV}, else none)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                        help="uvicorn log level (default info)")
     return serve
@@ -53,10 +75,16 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"{INSTALL_HINT} ({exc.name} is not installed)", file=sys.stderr)
         return 2
     from .app import serve
+    from .protocol import ServerLimits
 
     print(f"loading {args.model} (draft {args.draft}) ...", file=sys.stderr, flush=True)
+    limits = ServerLimits(max_tokens=args.max_tokens_limit, max_n=args.max_n,
+                          max_constraint_bytes=args.max_constraint_bytes, max_schema_depth=args.max_schema_depth)
     serve(args.host, args.port, args.model, None if args.draft == "none" else args.draft, backend=args.backend,
           device=args.device, dtype=args.dtype, max_batch_size=args.max_batch_size,
-          whitespace=args.whitespace, compile_timeout=args.compile_timeout, max_request_bytes=args.max_request_bytes,
-          queue_limit=args.queue_limit, default_max_tokens=args.default_max_tokens, log_level=args.log_level)
+          whitespace=args.whitespace, compile_timeout=args.compile_timeout, log_level=args.log_level,
+          extra_properties=args.allow_extra_properties, max_prompt_tokens=args.max_prompt_tokens,
+          max_request_bytes=args.max_request_bytes, queue_limit=args.queue_limit,
+          default_max_tokens=args.default_max_tokens, limits=limits, request_timeout=args.request_timeout,
+          api_key=args.api_key or os.environ.get(API_KEY_ENV) or None, shutdown_grace=args.shutdown_grace)
     return 0

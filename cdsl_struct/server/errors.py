@@ -20,12 +20,16 @@ from ..errors import (
     CompileTimeout,
     GrammarSyntaxError,
     InvalidSchema,
+    PromptTooLong,
     UnsatisfiableSchema,
     UnsupportedFeature,
 )
 
 _STATUS_TYPES = {
     400: "invalid_request_error",
+    401: "invalid_request_error",
+    422: "invalid_request_error",
+    504: "server_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
@@ -39,8 +43,9 @@ class APIError(Exception):
     """An error answered as ``status`` with OpenAI's error body."""
 
     def __init__(self, status: int, message: str, *, type: str | None = None, param: str | None = None,
-                 code: str | None = None) -> None:
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
+        self.headers = headers
         self.status = status
         self.message = message
         self.type = type or _STATUS_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
@@ -53,7 +58,7 @@ class APIError(Exception):
 
     def response(self) -> JSONResponse:
         """This error as a JSON response."""
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def _snake(name: str) -> str:
@@ -69,6 +74,8 @@ def from_exception(exc: BaseException, *, param: str | None = None) -> APIError:
     """
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, PromptTooLong):
+        return APIError(400, str(exc), param="messages", code="context_length_exceeded")
     if isinstance(exc, CompileTimeout):
         return APIError(400, f"Compiling the constraint took longer than the server's compile timeout: {exc}",
                         param=param, code="compile_timeout")
@@ -101,7 +108,7 @@ def _validation_error(exc: RequestValidationError) -> APIError:
     if any(error.get("type") == "json_invalid" for error in errors):
         detail = next(error for error in errors if error.get("type") == "json_invalid")
         reason = (detail.get("ctx") or {}).get("error", "")
-        return APIError(400, f"The request body is not valid JSON{': ' + str(reason) if reason else ''}.",
+        return APIError(422, f"The request body is not valid JSON{': ' + str(reason) if reason else ''}.",
                         code="invalid_json")
     messages, param = [], None
     for error in errors:
@@ -109,7 +116,7 @@ def _validation_error(exc: RequestValidationError) -> APIError:
         where = ".".join(location)
         param = param or where or None
         messages.append(f"{where}: {error.get('msg')}" if where else str(error.get("msg")))
-    return APIError(400, "Invalid request: " + "; ".join(messages), param=param, code="invalid_request")
+    return APIError(422, "Invalid request: " + "; ".join(messages), param=param, code="invalid_request")
 
 
 def install_handlers(app: FastAPI) -> None:

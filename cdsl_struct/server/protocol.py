@@ -1,19 +1,55 @@
 """Request models of the OpenAI-compatible endpoints and their translation to ``Generator.generate``.
 
 Unknown OpenAI fields are accepted and ignored; fields whose meaning the server cannot honour
-(``n`` > 1, ``stop``, ``logprobs``, penalties, ``logit_bias``, ``echo``, ``suffix``, ``best_of``)
-are refused with a 400 naming them rather than silently dropped. Extension fields: ``regex``,
-``grammar``, ``choices``, ``keywords``, ``method``, and ``chat`` on completions.
+(``logit_bias``, ``echo``, ``suffix``, ``best_of``) are refused with a 400 naming them rather
+than silently dropped. ``n`` runs n rows of the batch; ``stop`` ends an output only where its
+constraint accepts the text before the stop string (``cdsl_struct.decoding.stops``); logprobs
+are those of the distribution actually sampled from (``cdsl_struct.decoding.logprobs``).
+Extension fields: ``regex``, ``grammar`` (Lark text, never a file), ``choices``, ``keywords``,
+``method``, and ``chat`` on completions. ``ServerLimits`` bounds what one request may ask.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..constraints.specs import Grammar
+from ..decoding.logprobs import MAX_TOP_LOGPROBS
 from .errors import APIError
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What one request may ask: ``max_tokens``, ``n``, and the size and nesting of a schema,
+    grammar or regex it sends (beyond them: 400 naming the field)."""
+
+    max_tokens: int = 4096
+    max_n: int = 8
+    max_constraint_bytes: int = 64 * 1024
+    max_schema_depth: int = 48
+
+    def check_constraint(self, param: str, value: Any) -> None:
+        """400 when a client's schema, grammar or regex is too large or too deeply nested."""
+        size = len(json.dumps(value, ensure_ascii=False)) if not isinstance(value, str) else len(value.encode())
+        if size > self.max_constraint_bytes:
+            raise APIError(400, f"{param} is {size} bytes; this server accepts at most {self.max_constraint_bytes}.",
+                           param=param, code="constraint_too_large")
+        if _depth(value) > self.max_schema_depth:
+            raise APIError(400, f"{param} is nested deeper than {self.max_schema_depth} levels.", param=param,
+                           code="constraint_too_deep")
+
+
+def _depth(value: Any) -> int:
+    depth, level = 0, [value]
+    while level:
+        level = [child for node in level if isinstance(node, (dict, list))
+                 for child in (node.values() if isinstance(node, dict) else node)]
+        depth += 1
+    return depth
 
 
 class _Model(BaseModel):
@@ -105,6 +141,14 @@ class GenerateCall:
     prompt: Any
     kwargs: dict[str, Any] = field(default_factory=dict)
     constraint_param: str | None = None
+    n: int = 1
+    named_tool: bool = False
+    """``tool_choice`` named a function: OpenAI then finishes a call with ``stop``."""
+
+    @property
+    def tool_mode(self) -> bool:
+        """Whether the output may hold tool calls."""
+        return bool(self.kwargs.get("tools")) and self.kwargs.get("tool_choice") != "none"
 
 
 class _GenerationRequest(_Model):
@@ -115,12 +159,12 @@ class _GenerationRequest(_Model):
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     seed: int | None = None
-    n: int | None = None
+    n: int = Field(default=1, ge=1)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
     user: str | None = None
     response_format: ResponseFormat | None = None
@@ -131,19 +175,18 @@ class _GenerationRequest(_Model):
     keywords: list[str] | None = None
     method: str | None = None
 
-    def _refuse_unsupported(self) -> None:
-        if self.n not in (None, 1):
-            raise APIError(400, f"n={self.n} is not supported: this server returns one choice per prompt (n=1).",
-                           param="n", code="unsupported_parameter")
-        if self.stop:
-            raise APIError(400, "stop sequences are not supported: cutting the output could break its constraint. "
-                                "Use regex, grammar or response_format to shape where it ends.",
-                           param="stop", code="unsupported_parameter")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                raise APIError(400, f"{name} is not supported.", param=name, code="unsupported_parameter")
+    def _check(self, limits: ServerLimits) -> None:
         if self.logit_bias:
             raise APIError(400, "logit_bias is not supported.", param="logit_bias", code="unsupported_parameter")
+        if self.n > limits.max_n:
+            raise APIError(400, f"n={self.n} is over this server's limit of {limits.max_n}.", param="n",
+                           code="invalid_value")
+        if self.n > 1 and self.stream:
+            raise APIError(400, "n > 1 cannot be streamed; send n=1 streams or a non-streamed request.",
+                           param="n", code="unsupported_parameter")
+        stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        if len(stops) > 4 or not all(stops):
+            raise APIError(400, "stop takes up to 4 non-empty strings.", param="stop", code="invalid_value")
 
     def _constraint(self) -> tuple[dict[str, Any], str | None]:
         given: dict[str, Any] = {}
@@ -156,9 +199,12 @@ class _GenerationRequest(_Model):
                 raise APIError(400, "response_format.json_schema.schema is required.",
                                param="response_format.json_schema.schema", code="invalid_schema")
             given["response_format"] = ("schema", schema)
-        for name in ("regex", "grammar", "choices"):
-            if getattr(self, name) is not None:
-                given[name] = (name, getattr(self, name))
+        if self.regex is not None:
+            given["regex"] = ("regex", self.regex)
+        if self.grammar is not None:  # text only: a client never names a file on the server
+            given["grammar"] = ("grammar", Grammar.from_text(self.grammar))
+        if self.choices is not None:
+            given["choices"] = ("choices", self.choices)
         if len(given) > 1:
             raise APIError(400, f"Give at most one of response_format (json), regex, grammar and choices; got "
                                 f"{', '.join(given)}.", param=list(given)[1], code="conflicting_constraints")
@@ -167,9 +213,28 @@ class _GenerationRequest(_Model):
         param, (keyword, value) = next(iter(given.items()))
         return {keyword: value}, param
 
-    def _sampling(self, default_max_tokens: int, max_tokens: int | None) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"max_tokens": max_tokens or default_max_tokens}
-        for name in ("temperature", "top_p", "seed", "method", "keywords"):
+    def _sized_constraint(self, limits: ServerLimits) -> tuple[dict[str, Any], str | None]:
+        fmt = self.response_format
+        schema = fmt.json_schema.schema_ if isinstance(fmt, JsonSchemaResponseFormat) else None
+        for param, value in (("response_format", schema), ("regex", self.regex), ("grammar", self.grammar)):
+            if value is not None:
+                limits.check_constraint(param, value)
+        try:
+            return self._constraint()
+        except APIError:
+            raise
+        except Exception as exc:  # a grammar's syntax error: the caller maps it to 400
+            from .errors import from_exception
+
+            raise from_exception(exc, param="grammar") from exc
+
+    def _sampling(self, default_max_tokens: int, max_tokens: int | None, limits: ServerLimits) -> dict[str, Any]:
+        if max_tokens is not None and max_tokens > limits.max_tokens:
+            raise APIError(400, f"max_tokens={max_tokens} is over this server's limit of {limits.max_tokens}.",
+                           param="max_tokens", code="invalid_value")
+        kwargs: dict[str, Any] = {"max_tokens": min(max_tokens or default_max_tokens, limits.max_tokens)}
+        for name in ("temperature", "top_p", "seed", "method", "keywords", "stop", "presence_penalty",
+                     "frequency_penalty"):
             if getattr(self, name) is not None:
                 kwargs[name] = getattr(self, name)
         return kwargs
@@ -191,24 +256,32 @@ class ChatCompletionRequest(_GenerationRequest):
     logprobs: bool | None = None
     top_logprobs: int | None = None
 
-    def to_call(self, default_max_tokens: int) -> GenerateCall:
+    def to_call(self, default_max_tokens: int, limits: ServerLimits = ServerLimits()) -> GenerateCall:
         """The Generator call this request asks for (raises ``APIError`` for what is not supported)."""
-        self._refuse_unsupported()
-        if self.logprobs or self.top_logprobs:
-            raise APIError(400, "logprobs are not supported.", param="logprobs", code="unsupported_parameter")
-        kwargs, param = self._constraint()
-        kwargs.update(self._sampling(default_max_tokens, self.max_completion_tokens or self.max_tokens))
+        self._check(limits)
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise APIError(400, f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}].", param="top_logprobs",
+                           code="invalid_value")
+        kwargs, param = self._sized_constraint(limits)
+        if "schema" in kwargs and self.tools:
+            param = "response_format"
+        kwargs.update(self._sampling(default_max_tokens, self.max_completion_tokens or self.max_tokens, limits))
+        if self.logprobs:
+            kwargs["logprobs"] = self.top_logprobs or 0
         tools = [tool.model_dump(exclude_none=True) for tool in self.tools] if self.tools else None
         if tools:
+            for i, tool in enumerate(tools):
+                limits.check_constraint(f"tools[{i}].function.parameters", tool["function"].get("parameters") or {})
             kwargs["tools"] = tools
             param = param or "tools"
-            if self.parallel_tool_calls is not None:
-                kwargs["parallel_tool_calls"] = self.parallel_tool_calls
+            kwargs["parallel_tool_calls"] = self.parallel_tool_calls is not False
+        named = isinstance(self.tool_choice, NamedToolChoice)
         if self.tool_choice is not None:
             choice = self.tool_choice
-            kwargs["tool_choice"] = choice.model_dump() if isinstance(choice, NamedToolChoice) else choice
+            kwargs["tool_choice"] = choice.model_dump() if named else choice
         messages = [message.model_dump(exclude_none=True) for message in self.messages]
-        return GenerateCall(prompt=messages, kwargs=kwargs, constraint_param=param)
+        prompt: Any = messages if self.n == 1 else [messages] * self.n
+        return GenerateCall(prompt=prompt, kwargs=kwargs, constraint_param=param, n=self.n, named_tool=named)
 
 
 class CompletionRequest(_GenerationRequest):
@@ -223,13 +296,13 @@ class CompletionRequest(_GenerationRequest):
     echo: bool | None = None
     suffix: str | None = None
     best_of: int | None = None
-    logprobs: int | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
 
-    def to_call(self, default_max_tokens: int) -> GenerateCall:
+    def to_call(self, default_max_tokens: int, limits: ServerLimits = ServerLimits()) -> GenerateCall:
         """The Generator call this request asks for (raises ``APIError`` for what is not supported)."""
-        self._refuse_unsupported()
+        self._check(limits)
         for name, unsupported in (("echo", self.echo), ("suffix", self.suffix),
-                                  ("best_of", self.best_of not in (None, 1)), ("logprobs", self.logprobs)):
+                                  ("best_of", self.best_of not in (None, 1))):
             if unsupported:
                 raise APIError(400, f"{name} is not supported.", param=name, code="unsupported_parameter")
         prompt: Any = self.prompt
@@ -241,8 +314,13 @@ class CompletionRequest(_GenerationRequest):
             elif self.stream:
                 raise APIError(400, "A list of prompts cannot be streamed; send them one by one.",
                                param="prompt", code="unsupported_parameter")
-        kwargs, param = self._constraint()
-        kwargs.update(self._sampling(default_max_tokens, self.max_tokens))
+        kwargs, param = self._sized_constraint(limits)
+        kwargs.update(self._sampling(default_max_tokens, self.max_tokens, limits))
+        if self.logprobs is not None:
+            kwargs["logprobs"] = self.logprobs
         kwargs["chat"] = self.chat
-        return GenerateCall(prompt=prompt, kwargs=kwargs, constraint_param=param)
+        if self.n > 1:  # prompt-major, as OpenAI orders the choices
+            prompts = prompt if isinstance(prompt, list) else [prompt]
+            prompt = [p for p in prompts for _ in range(self.n)]
+        return GenerateCall(prompt=prompt, kwargs=kwargs, constraint_param=param, n=self.n)
 

@@ -1,7 +1,9 @@
 """Response bodies of the OpenAI-compatible endpoints: completions, chat completions, stream chunks.
 
 ``finish_reason`` is the Result's (``stop``, ``length``), ``tool_calls`` when the answer is tool
-calls, and the extension value ``constraint_dead_end`` when the constraint allowed no token.
+calls (``stop`` when ``tool_choice`` named the function, as OpenAI does), and the extension
+value ``constraint_dead_end`` when the constraint allowed no token. A call cut by
+``max_tokens`` is still a tool call, with its partial arguments and ``length``.
 """
 
 from __future__ import annotations
@@ -9,16 +11,8 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
-
-
-@dataclass
-class Finished:
-    """A finished generation and the number of tokens of its prompt."""
-
-    result: Any
-    prompt_tokens: int
 
 
 def new_id(prefix: str) -> str:
@@ -32,46 +26,58 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def tool_call_json(call: Any, index: int | None = None) -> dict[str, Any]:
-    """A ``ToolCall`` in OpenAI's shape; ``arguments`` is a JSON string. ``index`` for stream deltas."""
-    data: dict[str, Any] = {"id": call.id, "type": "function",
-                            "function": {"name": call.name, "arguments": json.dumps(call.arguments)}}
-    return data if index is None else {"index": index, **data}
-
-
-def finish_reason(result: Any) -> str:
+def finish_reason(result: Any, named_tool: bool = False) -> str:
     """OpenAI's finish reason of a Result."""
-    if result.finish_reason == "stop" and getattr(result, "tool_calls", None):
+    if result.finish_reason == "stop" and getattr(result, "tool_calls", None) and not named_tool:
         return "tool_calls"
     return result.finish_reason
 
 
 def chat_message(result: Any) -> dict[str, Any]:
-    """The assistant message: tool calls (content null) or the text."""
+    """The assistant message: content (null when there is none) and the tool calls, if any."""
     calls = getattr(result, "tool_calls", None) or []
-    if calls and result.finish_reason == "stop":
-        return {"role": "assistant", "content": None, "tool_calls": [tool_call_json(call) for call in calls]}
-    return {"role": "assistant", "content": result.text}
+    message: dict[str, Any] = {"role": "assistant", "content": result.content if calls else (result.content or "")}
+    if calls:
+        message["tool_calls"] = [call.to_openai() for call in calls]
+    return message
 
 
-def chat_completion(done: Finished, model: str) -> dict[str, Any]:
-    """A ``chat.completion`` object."""
-    result = done.result
+def chat_logprobs(result: Any) -> dict[str, Any] | None:
+    """``choices[i].logprobs`` of a chat completion (None unless they were asked for)."""
+    return {"content": result.logprobs} if result.logprobs is not None else None
+
+
+def text_logprobs(result: Any) -> dict[str, Any] | None:
+    """The legacy completions ``logprobs`` object: tokens, their logprobs, alternatives, offsets."""
+    if result.logprobs is None:
+        return None
+    offsets, at = [], 0
+    for entry in result.logprobs:
+        offsets.append(at)
+        at += len(entry["token"])
+    return {"tokens": [e["token"] for e in result.logprobs],
+            "token_logprobs": [e["logprob"] for e in result.logprobs],
+            "top_logprobs": [{alt["token"]: alt["logprob"] for alt in e["top_logprobs"]} for e in result.logprobs],
+            "text_offset": offsets}
+
+
+def chat_completion(results: Sequence[Any], model: str, named_tool: bool = False) -> dict[str, Any]:
+    """A ``chat.completion`` object, one choice per Result (``n``)."""
     return {
         "id": new_id("chatcmpl"), "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": chat_message(result), "logprobs": None,
-                     "finish_reason": finish_reason(result)}],
-        "usage": usage(done.prompt_tokens, len(result.tokens)),
+        "choices": [{"index": i, "message": chat_message(r), "logprobs": chat_logprobs(r),
+                     "finish_reason": finish_reason(r, named_tool)} for i, r in enumerate(results)],
+        "usage": usage(results[0].prompt_tokens, sum(len(r.tokens) for r in results)),
     }
 
 
-def text_completion(done: list[Finished], model: str) -> dict[str, Any]:
-    """A ``text_completion`` object with one choice per prompt."""
+def text_completion(results: Sequence[Any], model: str, n: int = 1) -> dict[str, Any]:
+    """A ``text_completion`` object with ``n`` choices per prompt, prompt-major."""
     return {
         "id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": i, "text": d.result.text, "logprobs": None, "finish_reason": finish_reason(d.result)}
-                    for i, d in enumerate(done)],
-        "usage": usage(sum(d.prompt_tokens for d in done), sum(len(d.result.tokens) for d in done)),
+        "choices": [{"index": i, "text": r.text, "logprobs": text_logprobs(r), "finish_reason": finish_reason(r)}
+                    for i, r in enumerate(results)],
+        "usage": usage(sum(r.prompt_tokens for r in results[::n]), sum(len(r.tokens) for r in results)),
     }
 
 
@@ -101,6 +107,19 @@ class ChunkWriter:
             choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": finish}
         return sse(self._envelope([choice]))
 
-    def usage(self, done: Finished) -> str:
+    def content(self, text: str) -> str:
+        """A chunk of answer text."""
+        return self.delta({"content": text} if self.chat else text)
+
+    def call_delta(self, piece: Any) -> str:
+        """A chunk of one streamed tool call: its id and name first, then argument fragments."""
+        call: dict[str, Any] = {"index": piece.index}
+        if piece.name is not None:
+            call.update(id=piece.id, type="function", function={"name": piece.name, "arguments": ""})
+        else:
+            call["function"] = {"arguments": piece.arguments}
+        return self.delta({"tool_calls": [call]})
+
+    def usage(self, result: Any) -> str:
         """The last chunk of ``stream_options.include_usage``: no choices, the token counts."""
-        return sse({**self._envelope([]), "usage": usage(done.prompt_tokens, len(done.result.tokens))})
+        return sse({**self._envelope([]), "usage": usage(result.prompt_tokens, len(result.tokens))})

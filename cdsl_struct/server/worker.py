@@ -4,7 +4,8 @@ full queue is a 429.
 Up to ``concurrency`` jobs run at once (the Generator's batch size: their rows share the
 engine's forward passes), so the event loop keeps accepting requests while they generate. A
 request is admitted when fewer than ``queue_limit`` requests wait behind the running ones;
-otherwise it is refused at once with 429 (``rate_limit_error``) before anything is queued.
+otherwise it is refused at once with 429 (``rate_limit_error``, with ``Retry-After``) before
+anything is queued.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class GenerationWorker:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         self.queue_limit = queue_limit
         self.concurrency = concurrency
+        self.retry_after = 1  # seconds a refused client is told to wait
         self.active = 0  # admitted jobs not finished: the running ones plus those waiting
         self._executor = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="cdsl-generate")
 
@@ -38,7 +40,8 @@ class GenerationWorker:
         waiting = self.active - self.concurrency + 1
         if waiting > self.queue_limit:
             raise APIError(429, f"The server is busy: {waiting - 1} requests are already waiting (queue limit "
-                                f"{self.queue_limit}). Retry later.", code="queue_full")
+                                f"{self.queue_limit}). Retry later.", code="queue_full",
+                           headers={"Retry-After": str(self.retry_after)})
         self.active += 1
 
     def _release(self, _: Any = None) -> None:

@@ -1,13 +1,4 @@
-"""Function calling: tools in OpenAI format (or Python functions), the constraint that makes
-every call valid, the prompt that describes the tools, and parsing calls into ``ToolCall``.
-
-A call is written as JSON, ``{"name": ..., "arguments": {...}}`` (a JSON array of such objects
-when parallel calls are allowed), after the marker ``<tool_call>``. The constraint is a JSON
-Schema whose ``anyOf`` has one branch per allowed tool, ``name`` fixed by ``const`` and
-``arguments`` that tool's parameters schema, so the model cannot write an unknown tool or
-invalid arguments. With ``tool_choice="auto"`` the model first writes either the marker or
-plain text (``auto_choice_pattern``); only after the marker is the call decoded.
-"""
+"""Tool definitions: OpenAI tool dicts or Python functions, normalised; ``ToolCall``, one call made."""
 
 from __future__ import annotations
 
@@ -19,16 +10,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import jsonschema
-
-from .constraints.specs import check_json_schema, escape_regex
+from ..constraints.specs import check_json_schema
 
 CALL_MARKER = "<tool_call>"
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
 
-def _new_call_id() -> str:
+def new_call_id() -> str:
+    """A fresh OpenAI-style call id, ``call_...``."""
     return "call_" + uuid.uuid4().hex[:24]
 
 
@@ -37,13 +27,26 @@ class ToolCall:
     """One call the model made: the tool's ``name`` and its validated ``arguments``."""
 
     name: str
-    arguments: dict[str, Any]
-    id: str = field(default_factory=_new_call_id)
+    arguments: dict[str, Any] | None
+    id: str = field(default_factory=new_call_id)
+    arguments_text: str | None = None
+    """The arguments as the model wrote them; for a call cut short by ``max_tokens`` this is the
+    partial JSON text and ``arguments`` is None."""
+
+    @property
+    def complete(self) -> bool:
+        """Whether the call was finished (its arguments parsed and validated)."""
+        return self.arguments is not None
+
+    def arguments_json(self) -> str:
+        """The arguments as a JSON string (the partial text for an unfinished call)."""
+        if self.arguments is None:
+            return self.arguments_text or ""
+        return json.dumps(self.arguments, ensure_ascii=False)
 
     def to_openai(self) -> dict[str, Any]:
         """The call as an OpenAI ``tool_calls`` entry (arguments as a JSON string)."""
-        return {"id": self.id, "type": "function",
-                "function": {"name": self.name, "arguments": json.dumps(self.arguments, ensure_ascii=False)}}
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments_json()}}
 
 
 # --- tool definitions --------------------------------------------------------------------------
@@ -163,167 +166,3 @@ def _normalise_tool(tool: Any) -> dict[str, Any]:
         raise ValueError(f"tool {name}: parameters must be a JSON Schema of type 'object'")
     check_json_schema(parameters)
     return {"type": "function", "function": {"name": name, "description": description, "parameters": parameters}}
-
-
-# --- tool choice and the call constraint -------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ToolRequest:
-    """What a request allows: the tools, which may be called, and how.
-
-    ``mode``: ``"auto"`` (text or a call) or ``"call"`` (at least one call is required).
-    """
-
-    tools: tuple[dict[str, Any], ...]
-    allowed: tuple[str, ...]
-    mode: str
-    parallel: bool
-
-    @property
-    def call_schema(self) -> dict[str, Any]:
-        """The JSON Schema of the model's output after the marker: one call, or a list of calls."""
-        definitions: dict[str, Any] = {}
-        branches = []
-        for name in self.allowed:
-            arguments = _hoist_definitions(self.parameters(name), name, definitions)
-            branches.append({"type": "object", "properties": {"name": {"const": name}, "arguments": arguments},
-                             "required": ["name", "arguments"], "additionalProperties": False})
-        call = branches[0] if len(branches) == 1 else {"anyOf": branches}
-        schema = {"type": "array", "items": call, "minItems": 1} if self.parallel else call
-        return {**schema, "$defs": definitions} if definitions else schema
-
-    def parameters(self, name: str) -> dict[str, Any]:
-        for tool in self.tools:
-            if tool["function"]["name"] == name:
-                return tool["function"]["parameters"]
-        raise KeyError(name)
-
-    def system_prompt(self) -> str:
-        """Tells the model the tools and the call format."""
-        described = [self._describe(t) for t in self.tools if t["function"]["name"] in self.allowed]
-        shape = '{"name": <function name>, "arguments": <JSON object of arguments>}'
-        if self.parallel:
-            shape = f"a JSON array of one or more {shape} objects"
-        lines = ["You can call these functions:", *described, "",
-                 f"To call a function, reply with {CALL_MARKER} followed by {shape}."]
-        if self.mode == "auto":
-            lines.append("Otherwise, answer in plain text.")
-        else:
-            lines.append("You must call a function now.")
-        return "\n".join(lines)
-
-    @staticmethod
-    def _describe(tool: dict[str, Any]) -> str:
-        function = tool["function"]
-        return json.dumps({"name": function["name"], "description": function["description"],
-                           "parameters": function["parameters"]}, ensure_ascii=False)
-
-
-def _hoist_definitions(parameters: dict[str, Any], tool: str, definitions: dict[str, Any]) -> dict[str, Any]:
-    """``parameters`` without its ``$defs`` / ``definitions``, which move into ``definitions``
-    under ``<tool>.<name>``; local references are rewritten to match.
-
-    A tool's parameters sit inside the call schema, where its ``#/$defs/...`` references would
-    otherwise resolve against the call schema's root.
-    """
-    local = {**parameters.get("definitions", {}), **parameters.get("$defs", {})}
-    if not local:
-        return parameters
-
-    def rewrite(node: Any) -> Any:
-        if isinstance(node, dict):
-            out = {key: rewrite(value) for key, value in node.items()}
-            ref = node.get("$ref")
-            if isinstance(ref, str):
-                for prefix in ("#/$defs/", "#/definitions/"):
-                    if ref.startswith(prefix):
-                        out["$ref"] = f"#/$defs/{tool}.{ref[len(prefix):]}"
-            return out
-        if isinstance(node, list):
-            return [rewrite(item) for item in node]
-        return node
-
-    for name, definition in local.items():
-        definitions[f"{tool}.{name}"] = rewrite(definition)
-    return {key: rewrite(value) for key, value in parameters.items() if key not in ("$defs", "definitions")}
-
-
-def tool_request(tools: Sequence[Any] | None, tool_choice: Any = "auto",
-                 parallel_tool_calls: bool = False) -> ToolRequest | None:
-    """Resolve ``tools`` and ``tool_choice``; None when no call can be made (no tools, ``"none"``).
-
-    ``tool_choice``: ``"auto"``, ``"required"``, ``"none"``, a tool's name, or
-    ``{"type": "function", "function": {"name": ...}}``. ``ValueError`` on anything else or on
-    an unknown name.
-    """
-    normalised = normalise_tools(tools)
-    if tool_choice is None:
-        tool_choice = "auto"
-    if isinstance(tool_choice, dict):
-        function = tool_choice.get("function")
-        if tool_choice.get("type") != "function" or not isinstance(function, dict) or "name" not in function:
-            raise ValueError('tool_choice as a dict must be {"type": "function", "function": {"name": ...}}')
-        tool_choice = function["name"]
-    if not isinstance(tool_choice, str):
-        raise ValueError(f"tool_choice must be 'auto', 'required', 'none', a tool name or a dict, got {tool_choice!r}")
-    if not normalised:
-        if tool_choice in ("auto", "none"):
-            return None
-        raise ValueError(f"tool_choice={tool_choice!r} needs tools")
-    if tool_choice == "none":
-        return None
-    names = tuple(t["function"]["name"] for t in normalised)
-    if tool_choice in ("auto", "required"):
-        return ToolRequest(tuple(normalised), names, "auto" if tool_choice == "auto" else "call",
-                           bool(parallel_tool_calls))
-    if tool_choice not in names:
-        raise ValueError(f"tool_choice names {tool_choice!r}, which is not among the tools ({', '.join(names)})")
-    return ToolRequest(tuple(normalised), (tool_choice,), "call", bool(parallel_tool_calls))
-
-
-def auto_choice_pattern(marker: str = CALL_MARKER) -> str:
-    """A regex matching exactly ``marker`` or any text that does not start with ``marker``.
-
-    Text not starting with the marker is empty, a proper prefix of it, or a prefix followed by
-    a character that differs from the marker's next one, then anything.
-    """
-    prefixes = [escape_regex(marker[:i]) for i in range(1, len(marker))]
-    diverge = [escape_regex(marker[:i]) + "[^" + _class_escape(marker[i]) + "]" for i in range(len(marker))]
-    return f"{escape_regex(marker)}|({'|'.join(prefixes)})?|({'|'.join(diverge)})[\\s\\S]*"
-
-
-def _class_escape(char: str) -> str:
-    return "\\" + char if char in "\\]^-[" else char
-
-
-# --- parsing -----------------------------------------------------------------------------------
-
-
-class InvalidToolCall(ValueError):
-    """A call's arguments do not validate against the tool's parameters schema."""
-
-
-def parse_tool_calls(request: ToolRequest, text: str) -> list[ToolCall]:
-    """Parse a complete call output (after the marker) and validate each call's arguments.
-
-    Raises ``InvalidToolCall`` if the text is not a call or the arguments fail their schema
-    (the constraint should make both impossible).
-    """
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidToolCall(f"tool call is not JSON: {exc.msg}") from None
-    calls = data if isinstance(data, list) else [data]
-    parsed = []
-    for call in calls:
-        if not isinstance(call, dict) or call.get("name") not in request.allowed:
-            raise InvalidToolCall(f"not a call of an allowed tool: {call!r}")
-        arguments = call.get("arguments")
-        schema = request.parameters(call["name"])
-        validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-        errors = sorted(validator(schema).iter_errors(arguments), key=lambda e: list(e.absolute_path))
-        if errors:
-            raise InvalidToolCall(f"{call['name']}: invalid arguments: {errors[0].message}")
-        parsed.append(ToolCall(call["name"], arguments))
-    return parsed

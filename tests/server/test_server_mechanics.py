@@ -14,19 +14,13 @@ import pytest
 
 from cdsl_struct.errors import CompileTimeout, GrammarSyntaxError, InvalidSchema, UnsupportedFeature
 from cdsl_struct.result import Result
+from cdsl_struct.tools import ToolCall
 
 from .conftest import SERVER_EXTRA, client_for, running_server
 
 pytest.importorskip("fastapi", reason=SERVER_EXTRA)
 openai = pytest.importorskip("openai", reason=SERVER_EXTRA)
 httpx = pytest.importorskip("httpx2", reason=SERVER_EXTRA)
-
-
-@dataclass
-class FakeCall:
-    name: str
-    arguments: dict
-    id: str = "call_1"
 
 
 class FakeTokenizer:
@@ -49,14 +43,18 @@ class FakeGenerator:
     started: threading.Event = field(default_factory=threading.Event)
     calls: list = field(default_factory=list)
 
-    def generate(self, prompt, *, stream=False, chat=True, **kwargs):
-        if isinstance(prompt, list) and isinstance(prompt[0], str):
-            return [self.generate(one, chat=chat, **kwargs) for one in prompt]
+    def generate(self, prompt, *, stream=False, chat=True, cancel=None, **kwargs):
+        if isinstance(prompt, list) and isinstance(prompt[0], (str, list)):
+            return [self.generate(one, chat=chat, cancel=cancel, **kwargs) for one in prompt]
         self.calls.append((prompt, kwargs))
         text = prompt if isinstance(prompt, str) else prompt[-1]["content"]
         if text == "block":
             self.started.set()
             assert self.release.wait(10)
+        if text == "slow":  # runs until cancelled
+            self.started.set()
+            self.cancelled = cancel.wait(10)
+            return Result(text="", tokens=[], finish_reason="cancelled", complete=False)
         if text == "timeout":
             raise CompileTimeout("compiling took more than 0.01 s")
         if kwargs.get("grammar") == "start: (":
@@ -70,12 +68,15 @@ class FakeGenerator:
         if text == "dead":
             result = Result(text="{", tokens=[1], finish_reason="constraint_dead_end", complete=False)
         elif kwargs.get("tools") and kwargs.get("tool_choice") != "none":
-            result = Result(text='{"name": "f"}', tokens=[1, 2, 3], finish_reason="stop", complete=True)
-            result.tool_calls = [FakeCall("f", {"x": 1}, "call_a"), FakeCall("g", {}, "call_b")]
+            calls = [ToolCall("f", {"x": 1}, "call_a"), ToolCall("g", {}, "call_b")]
+            raw = "".join(f'<tool_call>{{"name":"{c.name}","arguments":{json.dumps(c.arguments)}}}' for c in calls)
+            result = Result(text=raw, tokens=[1, 2, 3], finish_reason="stop", complete=True, tool_calls=calls,
+                            content=None)
         else:
             body = json.dumps({"prompt": text, **{k: v for k, v in kwargs.items() if k != "tools"}})
             result = Result(text=body, tokens=list(range(5)), finish_reason="stop", complete=True, value=None)
             result.tool_calls = []
+        result.prompt_tokens = len(text.split()) + 2
         if not stream:
             return result
         pieces = [result.text[i:i + 4] for i in range(0, len(result.text), 4)]
@@ -85,9 +86,11 @@ class FakeGenerator:
 @pytest.fixture(scope="module")
 def fake():
     from cdsl_struct.server import create_app
+    from cdsl_struct.server.protocol import ServerLimits
 
     generator = FakeGenerator()
-    app = create_app(generator, max_request_bytes=20_000, queue_limit=1, default_max_tokens=17)
+    app = create_app(generator, max_request_bytes=100_000, queue_limit=1, default_max_tokens=17,
+                     limits=ServerLimits(max_schema_depth=8), request_timeout=3.0)
     with running_server(app) as base_url:
         yield generator, base_url
 
@@ -106,6 +109,15 @@ def test_request_translation(fake):
     assert sent == {"prompt": "hi", "schema": {"type": "object"}, "max_tokens": 17, "temperature": 0.5,
                     "top_p": 0.9, "seed": 3, "method": "target", "keywords": ["a", "b"]}
     assert answer.usage.prompt_tokens == 3 and answer.usage.completion_tokens == 5
+    answer = chat(client, "z", stop=["\n", "END"], presence_penalty=0.5, frequency_penalty=-0.5, logprobs=True,
+                  top_logprobs=3)
+    sent = json.loads(answer.choices[0].message.content)
+    assert (sent["stop"], sent["presence_penalty"], sent["frequency_penalty"], sent["logprobs"]) == \
+        (["\n", "END"], 0.5, -0.5, 3)
+    answer = chat(client, "n", n=3, seed=5)
+    assert [c.index for c in answer.choices] == [0, 1, 2]
+    assert all(json.loads(c.message.content)["prompt"] == "n" for c in answer.choices)
+    assert answer.usage.prompt_tokens == 3 and answer.usage.completion_tokens == 15
     answer = chat(client, "x", max_completion_tokens=9,
                   response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "string"}}})
     assert json.loads(answer.choices[0].message.content)["schema"] == {"type": "string"}
@@ -127,20 +139,32 @@ def test_completions_batch_and_choices(fake):
 
 
 def test_tool_calls_shape(fake):
-    _, base_url = fake
+    generator, base_url = fake
     client = client_for(base_url)
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     answer = chat(client, "call", tools=tools, tool_choice={"type": "function", "function": {"name": "f"}},
                   parallel_tool_calls=True)
+    choice = answer.choices[0]
+    assert choice.finish_reason == "stop" and choice.message.content is None  # named tool_choice: as OpenAI
+    assert generator.calls[-1][1]["parallel_tool_calls"] is True
+    chat(client, "call", tools=tools)
+    assert generator.calls[-1][1]["parallel_tool_calls"] is True  # OpenAI's default
+    answer = chat(client, "call", tools=tools, tool_choice="required")
     choice = answer.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     assert [(c.id, c.type, c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls] == [
         ("call_a", "function", "f", {"x": 1}), ("call_b", "function", "g", {})]
     chunks = list(chat(client, "call", tools=tools, stream=True))
     deltas = [c.choices[0].delta for c in chunks]
-    assert deltas[0].role == "assistant"
+    assert deltas[0].role == "assistant" and deltas[0].content is None
     calls = [call for d in deltas for call in (d.tool_calls or [])]
-    assert [(c.index, c.function.name) for c in calls] == [(0, "f"), (1, "g")]
+    firsts = [c for c in calls if c.function.name]
+    assert [(c.index, c.function.name, c.function.arguments) for c in firsts] == [(0, "f", ""), (1, "g", "")]
+    assert all(c.id and c.type == "function" for c in firsts)
+    assert len(calls) > len(firsts)  # the arguments come in further deltas, as fragments
+    for index, expected in ((0, {"x": 1}), (1, {})):
+        assert json.loads("".join(c.function.arguments for c in calls if c.index == index)) == expected
+    assert not any(d.content for d in deltas)  # no call markup leaks into content
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
@@ -166,15 +190,24 @@ def test_stream_framing(fake):
     assert pieces[-1].choices[0].finish_reason == "stop"
 
 
+DEEP: dict = {}
+for _ in range(9):
+    DEEP = {"items": DEEP}
+
+
 @pytest.mark.parametrize(("kwargs", "code", "param", "words"), [
     ({"extra_body": {"grammar": "start: ("}}, "grammar_syntax_error", "grammar", "line 1 column 9"),
     ({"extra_body": {"regex": "(?<=a)b"}}, "unsupported_feature", "regex", "lookbehind"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
      "invalid_schema", "response_format", "nonsense"),
     ({"temperature": 1.9}, "invalid_value", None, "temperature too high"),
-    ({"temperature": 3}, "invalid_request", "temperature", "less than or equal to 2"),
-    ({"n": 2}, "unsupported_parameter", "n", "n=2"),
-    ({"stop": ["\n"]}, "unsupported_parameter", "stop", "stop sequences"),
+    ({"n": 9}, "invalid_value", "n", "n=9"),
+    ({"n": 2, "stream": True}, "unsupported_parameter", "n", "cannot be streamed"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "invalid_value", "stop", "up to 4"),
+    ({"max_tokens": 5000}, "invalid_value", "max_tokens", "limit of 4096"),
+    ({"extra_body": {"regex": "a" * 70_000}}, "constraint_too_large", "regex", "at most"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": DEEP}}},
+     "constraint_too_deep", "response_format", "deeper"),
     ({"extra_body": {"regex": "a", "choices": ["a"]}}, "conflicting_constraints", "choices", "at most one"),
 ])
 def test_bad_requests_are_400(fake, kwargs, code, param, words):
@@ -184,6 +217,14 @@ def test_bad_requests_are_400(fake, kwargs, code, param, words):
     error = caught.value.body
     assert caught.value.status_code == 400 and error["code"] == code and error["param"] == param
     assert words in error["message"] and error["type"] == "invalid_request_error"
+
+
+def test_a_body_that_does_not_fit_the_request_schema_is_422(fake):
+    with pytest.raises(openai.UnprocessableEntityError) as caught:
+        chat(client_for(fake[1]), "x", temperature=3)
+    error = caught.value.body
+    assert (error["code"], error["param"]) == ("invalid_request", "temperature")
+    assert "less than or equal to 2" in error["message"]
 
 
 def test_compile_timeout_is_400(fake):
@@ -206,12 +247,12 @@ def test_http_level_errors(fake):
             "malformed json": http.post(f"{base_url}/chat/completions", content=b'{"messages": [',
                                         headers={"content-type": "application/json"}),
             "missing field": http.post(f"{base_url}/chat/completions", json={"model": "fake-model"}),
-            "oversize": http.post(f"{base_url}/completions", json={"prompt": "x" * 30_000}),
+            "oversize": http.post(f"{base_url}/completions", json={"prompt": "x" * 110_000}),
             "unknown model": http.post(f"{base_url}/completions", json={"prompt": "x", "model": "gpt-9"}),
             "unknown route": http.get(f"{base_url}/nowhere"),
             "model card 404": http.get(f"{base_url}/models/gpt-9"),
         }
-    expected = {"malformed json": (400, "invalid_json"), "missing field": (400, "invalid_request"),
+    expected = {"malformed json": (422, "invalid_json"), "missing field": (422, "invalid_request"),
                 "oversize": (413, "request_too_large"), "unknown model": (404, "model_not_found"),
                 "unknown route": (404, "not_found"), "model card 404": (404, "model_not_found")}
     for name, response in cases.items():
@@ -238,6 +279,54 @@ def test_queue_limit_is_429_and_nothing_is_lost(fake):
         with pytest.raises(openai.RateLimitError) as caught:
             chat(client, "refused")
         assert caught.value.status_code == 429 and caught.value.body["code"] == "queue_full"
+        assert caught.value.response.headers["retry-after"] == "1"
         generator.release.set()
         assert json.loads(running.result(10).choices[0].message.content)["prompt"] == "block"
         assert json.loads(waiting.result(10).choices[0].message.content)["prompt"] == "queued"
+
+
+def test_deadline_cancels_the_rows_and_answers_504(fake):
+    generator, base_url = fake
+    generator.started.clear()
+    with pytest.raises(openai.APIStatusError) as caught:
+        chat(client_for(base_url), "slow")
+    assert caught.value.status_code == 504 and caught.value.body["code"] == "deadline_exceeded"
+    assert generator.cancelled  # the cancel event reached the generation
+
+
+def test_client_that_goes_away_has_its_rows_cancelled(fake):
+    generator, base_url = fake
+    generator.started.clear()
+    generator.cancelled = None
+    with httpx.Client(timeout=0.5) as http, pytest.raises(httpx.ReadTimeout):
+        http.post(f"{base_url}/chat/completions", json={"messages": [{"role": "user", "content": "slow"}]})
+    deadline = time.monotonic() + 2.5  # well within the 3 s request deadline
+    while generator.cancelled is None:
+        assert time.monotonic() < deadline, "the row was not cancelled when its client went away"
+        time.sleep(0.02)
+    assert generator.cancelled
+
+
+def test_grammar_from_a_client_is_text_never_a_file(fake, tmp_path):
+    secret = tmp_path / "secret.lark"
+    secret.write_text('start: "top secret"\n')
+    for named in (str(secret), f"../../{secret.name}"):  # read as Lark text: not a grammar, so a 400
+        with pytest.raises(openai.BadRequestError) as caught:
+            chat(client_for(fake[1]), "x", extra_body={"grammar": named})
+        assert caught.value.body["code"] == "grammar_syntax_error" and "top secret" not in caught.value.message
+
+
+def test_metrics_and_api_key():
+    from cdsl_struct.server import create_app
+
+    app = create_app(FakeGenerator(), api_key="s3cret")
+    with running_server(app) as base_url, httpx.Client() as http:
+        with pytest.raises(openai.AuthenticationError):
+            chat(client_for(base_url), "x")
+        answer = chat(openai.OpenAI(base_url=base_url, api_key="s3cret", max_retries=0), "counted")
+        assert json.loads(answer.choices[0].message.content)["prompt"] == "counted"
+        root = base_url.removesuffix("/v1")
+        metrics = http.get(f"{root}/metrics").text  # open without the key, like /health
+    assert 'cdsl_requests_total{route="/v1/chat/completions",status="401"} 1.0' in metrics
+    assert 'cdsl_requests_total{route="/v1/chat/completions",status="200"} 1.0' in metrics
+    assert "cdsl_completion_tokens_total 5.0" in metrics and "cdsl_time_to_first_token_seconds_count 1.0" in metrics

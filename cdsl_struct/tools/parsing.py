@@ -1,0 +1,204 @@
+"""From output text back to tool calls: whole (``parse_tool_output``) or as it streams (``CallStream``).
+
+The output is text, then calls, each written ``<tool_call>{"name": ..., "arguments": {...}}``
+(see ``grammar``). ``CallStream`` reads it delta by delta the way OpenAI streams a message:
+content deltas while text is written, then per call a first delta with its id and name and
+then fragments of its arguments string. A marker is never shown as content: text that could
+still become the marker is held back until it cannot.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema
+
+from .definitions import CALL_MARKER, ToolCall, new_call_id
+from .request import ToolRequest
+
+_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
+_ARGUMENTS_KEY = re.compile(r'\s*,\s*"arguments"\s*:\s*')
+
+
+class InvalidToolCall(ValueError):
+    """A call's arguments do not validate against the tool's parameters schema."""
+
+
+@dataclass
+class CallDelta:
+    """A piece of a streamed call: ``name`` and ``id`` on its first delta, then ``arguments`` text."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass
+class _Call:
+    id: str
+    text: str = ""  # the call's JSON as written so far
+    name: str | None = None
+    head: int = 0  # where the name part of ``text`` ends
+    arguments_started: bool = False
+    arguments: str = ""  # the arguments' JSON text as written so far
+    depth: int = 0
+    in_string: bool = False
+    escaped: bool = False
+    arguments_done: bool = False
+    closed: bool = False
+
+
+@dataclass
+class CallStream:
+    """Incremental reader of a tool-call output. ``push(delta)`` returns ``(content, call_deltas)``."""
+
+    content: str = ""
+    calls: list[_Call] = field(default_factory=list)
+    _held: str = ""
+
+    def push(self, delta: str) -> tuple[str, list[CallDelta]]:
+        """The content text and call pieces that ``delta`` completes."""
+        shown, pieces = "", []
+        text = self._held + delta
+        self._held = ""
+        while text:
+            call = self.calls[-1] if self.calls and not self.calls[-1].closed else None
+            if call is None:
+                found = text.find(CALL_MARKER)
+                if found < 0:
+                    keep = len(text) if self.calls else _marker_prefix_at_end(text)  # after calls: only markers
+                    shown += text[:len(text) - keep]
+                    self._held = text[len(text) - keep:]
+                    break
+                shown += text[:found]
+                text = text[found + len(CALL_MARKER):]
+                self.calls.append(_Call(id=new_call_id()))
+                continue
+            text = self._advance(call, text, pieces)
+        self.content += shown
+        return shown, pieces
+
+    def flush(self) -> str:
+        """Content held back as a possible marker start, once the output has ended."""
+        held, self._held = self._held, ""
+        if self.calls:  # after a call, held text is the start of a marker that never came
+            return ""
+        self.content += held
+        return held
+
+    def _advance(self, call: _Call, text: str, pieces: list[CallDelta]) -> str:
+        """Consume ``text`` into ``call``; returns what follows the call's end."""
+        index = len(self.calls) - 1
+        if call.name is None:
+            call.text += text
+            found = _NAME.match(call.text)
+            if not found:
+                return ""
+            call.name = json.loads(f'"{found.group(1)}"')
+            pieces.append(CallDelta(index, id=call.id, name=call.name))
+            text, call.text = call.text[found.end():], call.text[:found.end()]
+            call.head = found.end()
+        if not call.arguments_started:
+            call.text += text
+            found = _ARGUMENTS_KEY.match(call.text, call.head)
+            if not found:
+                return ""
+            call.arguments_started = True
+            text, call.text = call.text[found.end():], call.text[:found.end()]
+        fragment = []
+        for position, char in enumerate(text):
+            call.text += char
+            if call.arguments_done:
+                if char == "}":
+                    call.closed = True
+                    self._emit(pieces, index, "".join(fragment))
+                    return text[position + 1:]
+                continue
+            if char.isspace() and call.depth == 0 and not fragment and not call.arguments:
+                continue  # layout between the key and the arguments' value
+            fragment.append(char)
+            if call.in_string:
+                if call.escaped:
+                    call.escaped = False
+                elif char == "\\":
+                    call.escaped = True
+                elif char == '"':
+                    call.in_string = False
+                continue
+            if char == '"':
+                call.in_string = True
+            elif char in "{[":
+                call.depth += 1
+            elif char in "}]":
+                call.depth -= 1
+                if call.depth == 0:
+                    call.arguments_done = True
+        self._emit(pieces, index, "".join(fragment))
+        return ""
+
+    def _emit(self, pieces: list[CallDelta], index: int, fragment: str) -> None:
+        if fragment:
+            self.calls[index].arguments += fragment
+            pieces.append(CallDelta(index, arguments=fragment))
+
+
+def _marker_prefix_at_end(text: str) -> int:
+    """The length of the longest suffix of ``text`` that is a proper prefix of the marker."""
+    for size in range(min(len(text), len(CALL_MARKER) - 1), 0, -1):
+        if CALL_MARKER.startswith(text[-size:]):
+            return size
+    return 0
+
+
+@dataclass
+class ToolOutput:
+    """An output read as a message: ``content`` (None when empty) and ``calls``."""
+
+    content: str | None
+    calls: list[ToolCall]
+
+
+def parse_tool_output(request: ToolRequest, text: str, *, complete: bool,
+                      ids: list[str] | None = None) -> ToolOutput:
+    """Read a tool request's output. A ``complete`` one (ended under its constraint) must parse
+    into valid calls, else ``InvalidToolCall``; an incomplete one (cut by ``max_tokens``) gives the
+    calls written so far, the last with ``arguments=None`` and its partial ``arguments_text``.
+    ``ids``: the call ids to use (those already streamed), in order."""
+    stream = CallStream()
+    stream.push(text)
+    stream.flush()
+    content = stream.content
+    calls = []
+    for index, call in enumerate(stream.calls):
+        call_id = ids[index] if ids and index < len(ids) else call.id
+        if call.closed:
+            calls.append(_validated(request, call.text, call_id))
+        elif complete:
+            raise InvalidToolCall(f"tool call {index} is not finished: {call.text!r}")
+        elif call.name is not None:
+            calls.append(ToolCall(call.name, None, id=call_id, arguments_text=call.arguments))
+    if not stream.calls and complete and request.mode == "call":
+        raise InvalidToolCall("a call was required but the output has none")
+    content = content.strip() if stream.calls else content
+    return ToolOutput(content or None, calls)
+
+
+def _validated(request: ToolRequest, text: str, call_id: str) -> ToolCall:
+    try:
+        data: Any = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidToolCall(f"tool call is not JSON: {exc.msg}") from None
+    if not isinstance(data, dict) or data.get("name") not in request.allowed:
+        raise InvalidToolCall(f"not a call of an allowed tool: {data!r}")
+    arguments = data.get("arguments")
+    schema = request.parameters(data["name"])
+    validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    errors = sorted(validator(schema).iter_errors(arguments), key=lambda e: list(e.absolute_path))
+    if errors:
+        raise InvalidToolCall(f"{data['name']}: invalid arguments: {errors[0].message}")
+    return ToolCall(data["name"], arguments, id=call_id,
+                    arguments_text=json.dumps(arguments, ensure_ascii=False))
