@@ -14,6 +14,7 @@ limits. Its ``ValueError`` for a schema it cannot convert and its matcher errors
 from __future__ import annotations
 
 import ctypes
+import json
 import re
 import threading
 from typing import Any
@@ -76,19 +77,32 @@ def _grammar_for(spec: ConstraintSpec, whitespace: WhitespacePolicy) -> str:
     raise CompileError(f"llguidance cannot compile {type(spec).__name__}")
 
 
+_UNIMPLEMENTED = re.compile(r"^Unimplemented keys?: *(\[.*\])$")
 _FEATURE_PATTERNS = [
-    re.compile(r"Unimplemented keys?:? *\[?\"?([^\]\"\n]+)"),
     re.compile(r"Unknown format:? *([^\n]+)"),
     re.compile(r"(\S+) (?:is|are) not supported"),
 ]
 
 
 def engine_error(message: str, spec: ConstraintSpec) -> CompileError:
-    """Turn an llguidance error message into the matching typed error."""
+    """Turn an llguidance error message into the matching typed error.
+
+    llguidance 1.9 reports schema errors as text only (``validate_grammar_with_warnings`` returns
+    strings; ``stop_reason()`` says ``InternalError`` for a dead end), so the message is read,
+    pinned to the tested engine version: the list of unimplemented keys it prints is JSON.
+    """
     first = message.strip().splitlines()[0] if message.strip() else "unknown error"
     text = f"llguidance: {first}"
     if "nsatisfiable" in message:
         return UnsatisfiableSchema(text)
+    keys = _UNIMPLEMENTED.match(first)
+    if keys:
+        try:
+            names = json.loads(keys.group(1))
+        except ValueError:
+            names = None
+        if isinstance(names, list) and names:
+            return UnsupportedFeature(text, feature=", ".join(map(str, names)), backend=NAME)
     for pattern in _FEATURE_PATTERNS:
         found = pattern.search(message)
         if found:
@@ -160,7 +174,7 @@ class LLGuidanceState(ConstraintState):
 
     def _engine_fill(self, pointer: int, nbytes: int) -> None:
         self._matcher.unsafe_compute_mask_ptr(pointer, nbytes)
-        if self._matcher.is_error() and "NoExtensionBias" in self._matcher.get_error():
+        if self._matcher.is_error() and self._matcher.get_error().split("\n", 1)[0] == "NoExtensionBias":
             ctypes.memset(pointer, 0, nbytes)
             self._matcher = self._program.replay(self._history)
             return
