@@ -196,12 +196,16 @@ def run_commongen(data: str | Path, config: CommonGenConfig, progress: bool = Tr
 
 
 def merge_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
-    """One report from the reports of shards of one run (same config but the shard)."""
+    """One report from the reports of shards of one run (same config but the shard); the metrics
+    that depend only on the text (real words) are computed afresh."""
     if not reports:
         raise ValueError("nothing to merge")
     config = CommonGenConfig(**{**reports[0]["config"], "methods": tuple(reports[0]["config"]["methods"]),
                                 "shard": "0/1"})
     rows = {m: [s for r in reports for s in r["methods"][m]["sentences"]] for m in config.methods}
+    for sentences in rows.values():  # the text-only metrics as the current code computes them
+        for s in sentences:
+            s["real_words"] = round(real_word_share(s["text"], s["concepts"]), 4)
     states = {m: sum((Counter(r["methods"][m]["states"]) for r in reports), Counter()) for m in config.methods}
     return _report(rows, states, config)
 

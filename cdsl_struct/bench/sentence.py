@@ -24,6 +24,10 @@ from ..rewards.keywords import inflections
 
 LOOSE_SENTENCE = r"[A-Z][a-z]*( [A-Za-z,']+){2,24}\."
 WORD_LIST_SIZE = 30000
+REAL_WORD_ZIPF = 2.0
+"""A word is real when ``wordfreq`` gives it at least this Zipf frequency (100 per billion words):
+web-text fusions such as "ateam" (1.14) fall below it; rare real words such as "unicycle" (2.37)
+or "sheepdog" (2.45) stay above."""
 _WORD = re.compile(r"[A-Za-z]+(?:'[A-Za-z]+)?")
 
 
@@ -90,8 +94,8 @@ def words_of(text: str) -> list[str]:
 
 
 def real_word_share(text: str, keywords: Iterable[str] = ()) -> float:
-    """The share of ``text``'s words that are English words (``wordfreq`` knows them, or they
-    are an inflection of a keyword); 1.0 for text without words."""
+    """The share of ``text``'s words that are English words (Zipf frequency at least
+    ``REAL_WORD_ZIPF`` in ``wordfreq``, or an inflection of a keyword); 1.0 for text without words."""
     from wordfreq import zipf_frequency
 
     words = words_of(text)
@@ -100,4 +104,4 @@ def real_word_share(text: str, keywords: Iterable[str] = ()) -> float:
     known: set[str] = set()
     for keyword in keywords:
         known |= inflections(re.sub(r"_[A-Z]+$", "", keyword).lower())
-    return sum(w in known or zipf_frequency(w, "en") > 0 for w in words) / len(words)
+    return sum(w in known or zipf_frequency(w, "en") >= REAL_WORD_ZIPF for w in words) / len(words)

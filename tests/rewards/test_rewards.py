@@ -85,3 +85,20 @@ def test_combinators():
 def test_bad_scores_are_typed_errors(bad):
     with pytest.raises(RewardError, match="my_reward"):
         CallableReward(lambda text: bad, name="my_reward")("x")
+
+
+def test_keyword_coverage_penalises_repeats_beyond_the_limit():
+    reward = KeywordCoverage(["dog", "run_V"], max_repeats=2)
+    assert reward.counts("The dog runs, dogs ran, a dog.") == [3, 2]
+    assert reward.excess("The dog runs, dogs ran, a dog.") == 1
+    assert reward("The dog runs.") == 1.0
+    assert reward("The dog runs with a dog.") == 1.0  # twice is allowed
+    assert reward("The dog runs with a dog and a dog.") == pytest.approx(0.5)  # one repeat too many
+    assert reward("Dog dog dog dog dog.") == 0.0  # stuffing one word never scores
+    stuffed = "dog run " * 6
+    assert reward(stuffed) < reward("The dog runs.")
+    hard = KeywordCoverage(["dog", "run"], mode="hard", max_repeats=1)
+    assert hard("The dog runs.") == 1.0 and hard("The dog runs to a dog.") == 0.0
+    assert KeywordCoverage(["dog"])("dog dog dog dog") == 1.0  # no limit by default
+    with pytest.raises(ValueError, match="max_repeats"):
+        KeywordCoverage(["dog"], max_repeats=0)
