@@ -94,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     keywords_json = bench.add_parser("json-keywords",
                                      help="hard + soft: JSON-schema outputs whose strings must cover keywords")
     _json_keywords_arguments(keywords_json)
+    fuzz = bench.add_parser("fuzz-rewrite", help="fuzz the schema rewriter: original vs rewrite, judged by jsonschema")
+    _fuzz_rewrite_arguments(fuzz)
 
     models = commands.add_parser("models", help="fetch and prepare models, or list them")
     models.add_argument("action", choices=["pull", "list"])
@@ -139,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
         report = run_step_cost(StepCostConfig(model=args.model, device=args.device, steps=args.steps,
                                               rounds=args.rounds, compile=args.compile))
         return _report(report, format_table(report), args.json_out)
+    if args.command == "bench" and args.bench == "fuzz-rewrite":
+        from .bench.fuzz_rewrite import run_from_args as run_fuzz_rewrite
+
+        return _report(*run_fuzz_rewrite(args), args.json_out)
     if args.command == "tokenizers":
         return _tokenizers(args)
     if args.command == "models":
@@ -304,6 +310,12 @@ def _json_keywords(args: argparse.Namespace) -> int:
     report = run_json_keywords(args.data, config, progress=not args.no_progress)
     report["summary"] = {}
     return _report(report, format_table(report), args.json_out)
+
+
+def _fuzz_rewrite_arguments(parser: argparse.ArgumentParser) -> None:
+    from .bench.fuzz_rewrite import add_arguments
+
+    add_arguments(parser)
 
 
 def _report(report: dict, table: str, json_out: str | None) -> int:

@@ -272,3 +272,22 @@ def load_rewrite_cases(data: str | Path, split: str | None, limit: int | None) -
     if split:
         cases = [c for c in cases if split_of(c["id"]) == split]
     return cases[:limit] if limit else cases
+
+
+def add_arguments(parser: Any) -> None:
+    """The ``cdsl-struct bench fuzz-rewrite`` options."""
+    parser.add_argument("--data", required=True, help="a .jsonl(.gz) file or a folder of them (MaskBench cases)")
+    parser.add_argument("--split", choices=["tune", "report"], default=None, help="one deterministic half only")
+    parser.add_argument("--limit", type=int, default=None, help="the first N cases (of the split)")
+    parser.add_argument("--examples", type=int, default=100, help="hypothesis examples per rewritten schema")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", dest="json_out", help="write the report here")
+
+
+def run_from_args(args: Any) -> tuple[dict[str, Any], str]:
+    """Run the fuzz bench from parsed CLI options; (report, table)."""
+    cases = load_rewrite_cases(args.data, args.split, args.limit)
+    report = run_fuzz(cases, examples=args.examples, seed=args.seed)
+    summary = report["summary"]
+    table = "\n".join(f"{key:<20}  {value}" for key, value in summary.items())
+    return report, table
