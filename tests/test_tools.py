@@ -13,16 +13,15 @@ from pydantic import BaseModel
 
 import cdsl_struct as cs
 from cdsl_struct.api import Generator
-from cdsl_struct.constraints import Regex, allocate_bitmask, allowed_tokens
 from cdsl_struct.result import Result
-from cdsl_struct.streaming import MarkerHoldback
 from cdsl_struct.tools import (
     CALL_MARKER,
+    CallStream,
     InvalidToolCall,
     ToolCall,
-    auto_choice_pattern,
+    ToolCallsGrammar,
     normalise_tools,
-    parse_tool_calls,
+    parse_tool_output,
     tool_from_function,
     tool_request,
 )
@@ -138,10 +137,10 @@ def test_tool_call_ids_and_openai_shape():
 def test_tool_choice_resolution():
     assert tool_request(None) is None and tool_request([ADD], "none") is None
     auto = tool_request([ADD, WEATHER])
-    assert (auto.mode, auto.allowed, auto.parallel) == ("auto", ("add", "get_weather"), False)
-    assert tool_request([ADD, WEATHER], "required").mode == "call"
-    named = tool_request([ADD, WEATHER], {"type": "function", "function": {"name": "get_weather"}}, True)
-    assert (named.mode, named.allowed, named.parallel) == ("call", ("get_weather",), True)
+    assert (auto.mode, auto.allowed, auto.parallel, auto.named) == ("auto", ("add", "get_weather"), True, False)
+    assert tool_request([ADD, WEATHER], "required", False).mode == "call"
+    named = tool_request([ADD, WEATHER], {"type": "function", "function": {"name": "get_weather"}}, False)
+    assert (named.mode, named.allowed, named.parallel, named.named) == ("call", ("get_weather",), False, True)
     assert tool_request([ADD, WEATHER], "add").allowed == ("add",)
     with pytest.raises(ValueError, match="not among"):
         tool_request([ADD], "get_weather")
@@ -159,11 +158,6 @@ def test_call_schema_accepts_exactly_valid_calls():
                 {"name": "add", "arguments": {"a": 1, "b": 2}, "extra": 1}):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad, single)
-    parallel = tool_request([ADD, WEATHER], "required", True).call_schema
-    jsonschema.validate([{"name": "add", "arguments": {"a": 1, "b": 2}}, {"name": "get_weather",
-                                                                        "arguments": {"city": "Oslo"}}], parallel)
-    with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate([], parallel)
 
 
 class Item(BaseModel):
@@ -184,45 +178,73 @@ def test_nested_definitions_keep_resolving_inside_the_call_schema(gen):
     assert cs.compile(cs.JsonSchema(schema), gen.vocabulary).backend == "llguidance"
 
 
-def test_auto_choice_pattern_is_the_marker_or_other_text(gen):
-    pattern = re.compile(auto_choice_pattern())
-    for text in ["", "<", "<tool_ca", CALL_MARKER, "Hello", "<tool_cal!", "a <tool_call>", "<b>"]:
-        assert pattern.fullmatch(text), text
-    for text in [CALL_MARKER + " ", CALL_MARKER + "{}"]:
-        assert not pattern.fullmatch(text), text
-    # compiled: after the marker only EOS may follow
-    compiled = cs.compile(Regex(auto_choice_pattern()), gen.vocabulary)
-    state = compiled.new_state()
-    state.advance(gen.tokenizer.encode(CALL_MARKER, add_special_tokens=False))
-    row = allocate_bitmask(compiled.vocab_size)
-    state.fill_mask(row)
-    assert set(allowed_tokens(row, compiled.vocab_size)) <= set(gen.vocabulary.eos_token_ids)
+def _accepts(compiled, gen, text: str) -> bool:
+    """Whether ``text`` (then EOS) is a complete output of ``compiled``."""
+    tokens = gen.tokenizer.encode(text, add_special_tokens=False) + [gen.vocabulary.eos_token_ids[0]]
+    return compiled.new_state().validate(tokens) == len(tokens)
 
 
-def test_parse_tool_calls_validates_arguments():
-    request = tool_request([ADD, WEATHER], "required", True)
-    calls = parse_tool_calls(request, '[{"name":"add","arguments":{"a":1,"b":2}},'
-                                      '{"name":"get_weather","arguments":{"city":"Oslo"}}]')
-    assert [(c.name, c.arguments) for c in calls] == [("add", {"a": 1, "b": 2}), ("get_weather", {"city": "Oslo"})]
+CALL = '<tool_call>{"name":"add","arguments":{"a":1,"b":2}}'
+WEATHER_CALL = '<tool_call>{"name":"get_weather","arguments":{"city":"Oslo"}}'
+
+
+@pytest.mark.parametrize(("choice", "parallel", "answer", "accepted", "refused"), [
+    ("auto", True, None, ["Hello", "", "Sure. " + CALL, CALL + WEATHER_CALL, "a <b> c"],
+     ["a <tool_call> b", CALL + " and text", CALL[:-1], '<tool_call>{"name":"mul","arguments":{}}']),
+    ("auto", False, None, ["Hello", CALL], [CALL + WEATHER_CALL]),
+    ("required", True, None, [CALL, CALL + WEATHER_CALL], ["Hello", "", "Sure. " + CALL]),
+    ("auto", True, {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]},
+     ['{"x":3}', CALL], ["Hello", '{"x":"3"}', '{"x":3}' + CALL]),
+])
+def test_tool_grammar_admits_exactly_its_shapes(gen, choice, parallel, answer, accepted, refused):
+    grammar = ToolCallsGrammar(tool_request([ADD, WEATHER], choice, parallel), answer_format=answer)
+    compiled = cs.compile(grammar, gen.vocabulary)
+    assert compiled.backend == "llguidance"
+    for text in accepted:
+        assert _accepts(compiled, gen, text), text
+    for text in refused:
+        assert not _accepts(compiled, gen, text), text
+
+
+def test_parse_tool_output_validates_and_keeps_partial_calls():
+    request = tool_request([ADD, WEATHER], "auto", True)
+    out = parse_tool_output(request, "Let me see. " + CALL + WEATHER_CALL, complete=True)
+    assert out.content == "Let me see." and [(c.name, c.arguments) for c in out.calls] == [
+        ("add", {"a": 1, "b": 2}), ("get_weather", {"city": "Oslo"})]
+    assert parse_tool_output(request, "Just text <b>", complete=True).content == "Just text <b>"
+    cut = parse_tool_output(request, CALL + WEATHER_CALL[:-5], complete=False)
+    assert [c.complete for c in cut.calls] == [True, False] and cut.content is None
+    assert cut.calls[1].name == "get_weather" and cut.calls[1].arguments_json() == '{"city":"O'
     with pytest.raises(InvalidToolCall, match="invalid arguments"):
-        parse_tool_calls(request, '{"name":"add","arguments":{"a":"one","b":2}}')
+        parse_tool_output(request, '<tool_call>{"name":"add","arguments":{"a":"one","b":2}}', complete=True)
     with pytest.raises(InvalidToolCall, match="allowed tool"):
-        parse_tool_calls(request, '{"name":"mul","arguments":{}}')
-    with pytest.raises(InvalidToolCall, match="not JSON"):
-        parse_tool_calls(request, '{"name":')
+        parse_tool_output(request, '<tool_call>{"name":"mul","arguments":{}}', complete=True)
+    with pytest.raises(InvalidToolCall, match="not finished"):
+        parse_tool_output(request, CALL[:-3], complete=True)
 
 
-def test_marker_holdback_streams_only_what_is_not_the_marker():
-    sent: list[str] = []
-    holdback = MarkerHoldback(CALL_MARKER, sent.append)
-    for piece in ["<", "tool", "_call", ">"]:
-        holdback(piece)
-    assert "".join(sent) == ""
-    sent.clear()
-    text = MarkerHoldback(CALL_MARKER, sent.append)
-    for piece in ["<", "to", "ast> is", " ready"]:
-        text(piece)
-    assert "".join(sent) == "<toast> is ready"
+@pytest.mark.parametrize("seed", range(5))
+def test_call_stream_gives_content_then_call_deltas_in_any_split(seed):
+    import random
+
+    text = 'Checking. <tool_call>{"name":"add","arguments":{"a":1,"b":2}}' \
+           '<tool_call>{"name": "get_weather", "arguments": {"city": "O\\"slo}<tool_call>"}}'
+    rng = random.Random(seed)
+    stream, content, names, arguments = CallStream(), "", {}, {}
+    at = 0
+    while at < len(text):
+        step = rng.randint(1, 6)
+        shown, pieces = stream.push(text[at:at + step])
+        at += step
+        content += shown
+        for piece in pieces:
+            if piece.name:
+                assert piece.index not in names and piece.id.startswith("call_")
+                names[piece.index] = piece.name
+            arguments[piece.index] = arguments.get(piece.index, "") + piece.arguments
+    content += stream.flush()
+    assert content == "Checking. " and names == {0: "add", 1: "get_weather"}
+    assert {i: json.loads(a) for i, a in arguments.items()} == {0: {"a": 1, "b": 2}, 1: {"city": 'O"slo}<tool_call>'}}
 
 
 # --- real calls --------------------------------------------------------------------------------
@@ -241,7 +263,7 @@ def test_required_makes_a_valid_call(gen):
     result = gen.generate("What is the weather in Paris?", tools=[add, get_weather], tool_choice="required",
                           max_tokens=24)
     assert_valid_calls(result, ("add", "get_weather"))
-    assert len(result.tool_calls) == 1 and json.loads(result.text)["name"] == result.tool_calls[0].name
+    assert result.text.startswith(CALL_MARKER) and result.content is None
 
 
 def test_named_tool_is_the_one_called(gen):
@@ -259,7 +281,7 @@ def test_parallel_calls_parse(gen):
     result = gen.generate(messages, tools=[WEATHER], tool_choice="get_weather", parallel_tool_calls=True,
                           max_tokens=50)
     assert_valid_calls(result, ("get_weather",))
-    assert isinstance(json.loads(result.text), list)
+    assert result.text.count(CALL_MARKER) == 2
     assert [c.arguments["city"] for c in result.tool_calls] == ["Paris", "Berlin"]
     assert len({c.id for c in result.tool_calls}) == 2
 
@@ -276,10 +298,9 @@ def test_auto_answers_in_text_or_calls(gen):
     call = gen.generate(FEW_SHOT, tools=[WEATHER], max_tokens=30)
     assert_valid_calls(call, ("get_weather",))
     assert call.tool_calls[0].arguments["city"] == "Paris"
-    assert call.stats.tokens > len(call.tokens)  # the marker and EOS of the first stage are counted
 
 
-def test_auto_streams_the_call_without_the_marker(gen):
+def test_auto_streams_the_raw_output(gen):
     *deltas, result = gen.generate(FEW_SHOT, tools=[WEATHER], max_tokens=30, stream=True)
     assert isinstance(result, Result) and result.tool_calls
-    assert "".join(deltas) == result.text and CALL_MARKER not in "".join(deltas)
+    assert "".join(deltas) == result.text and len(deltas) > 3

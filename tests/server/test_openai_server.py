@@ -150,3 +150,115 @@ def test_max_tokens_too_small_is_length(client):
     assert choice.finish_reason == "length" and answer.usage.completion_tokens == 3
     with pytest.raises(json.JSONDecodeError):
         json.loads(choice.message.content)
+
+
+# --- the OpenAI conventions function-calling clients rely on -------------------------------------
+
+OPEN_PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                                "age": {"type": "integer", "maximum": 150}}, "required": ["name"]}
+
+
+def test_parse_into_a_pydantic_model(client):
+    from pydantic import BaseModel, Field
+
+    class Person(BaseModel):
+        name: str = Field(max_length=20)
+        age: int = Field(le=150)
+
+    answer = client.chat.completions.parse(model="smollm2", messages=[{"role": "user", "content": PASSAGE}],
+                                           response_format=Person, max_tokens=30)
+    person = answer.choices[0].message.parsed
+    assert isinstance(person, Person) and person.age <= 150
+
+
+def test_schema_without_additional_properties_gets_only_declared_keys(client):
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": OPEN_PERSON}}
+    answer = ask(client, PASSAGE + " Add any other details you know.", response_format=fmt, max_tokens=40)
+    value = json.loads(answer.choices[0].message.content)
+    assert answer.choices[0].finish_reason == "stop" and set(value) <= {"name", "age"}
+    jsonschema.validate(value, OPEN_PERSON)
+
+
+def test_streamed_tool_call_arrives_as_openai_deltas(client):
+    chunks = list(ask(client, "What is the weather in Paris?", tools=[WEATHER], tool_choice="required",
+                      max_tokens=32, stream=True, stream_options={"include_usage": True}))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert deltas[0].role == "assistant" and deltas[0].content is None
+    calls = [call for d in deltas for call in (d.tool_calls or [])]
+    first, rest = calls[0], calls[1:]
+    assert first.id and first.type == "function" and first.function.name == "get_weather"
+    assert first.function.arguments == "" and len(rest) >= 2  # then fragments of the arguments
+    assert all(c.index == 0 and c.id is None and c.function.name is None for c in rest if c.index == 0)
+    arguments = json.loads("".join(c.function.arguments for c in calls if c.index == 0))
+    jsonschema.validate(arguments, WEATHER["function"]["parameters"])
+    assert not any(d.content for d in deltas)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert chunks[-1].usage.completion_tokens > 0
+
+
+def test_tool_call_cut_by_max_tokens_is_a_tool_call_with_length(client):
+    answer = ask(client, "What is the weather in Paris?", tools=[WEATHER], tool_choice="required", max_tokens=12)
+    choice = answer.choices[0]
+    assert choice.finish_reason == "length" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    assert '"name"' not in call.function.arguments  # the partial arguments, not the internal call JSON
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(call.function.arguments)
+
+
+def test_named_tool_choice_finishes_with_stop(client):
+    answer = ask(client, "Weather in Oslo?", tools=[WEATHER], max_tokens=32,
+                 tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    choice = answer.choices[0]
+    assert choice.finish_reason == "stop" and choice.message.tool_calls[0].function.name == "get_weather"
+
+
+def test_response_format_beside_tools_gives_a_call_or_the_format(client):
+    for content in ("What is the weather in Paris?", PASSAGE):
+        answer = ask(client, content, tools=[WEATHER], response_format=PERSON_FORMAT, max_tokens=40)
+        message = answer.choices[0].message
+        if message.tool_calls:
+            assert answer.choices[0].finish_reason == "tool_calls"
+            jsonschema.validate(json.loads(message.tool_calls[0].function.arguments), WEATHER["function"]["parameters"])
+        else:
+            assert answer.choices[0].finish_reason == "stop"
+            jsonschema.validate(json.loads(message.content), PERSON)
+
+
+def test_stop_ends_free_text_but_not_inside_a_constrained_value(client):
+    answer = client.completions.create(model="smollm2", prompt="1, 2, 3, 4,", max_tokens=16, stop=["7"])
+    choice = answer.choices[0]
+    assert choice.finish_reason == "stop" and "7" not in choice.text and "6" in choice.text
+    answer = ask(client, PASSAGE, response_format=PERSON_FORMAT, max_tokens=30, stop=[","])
+    choice = answer.choices[0]  # "," between the keys cannot end the JSON: the answer runs to its end
+    assert choice.finish_reason == "stop" and "," in choice.message.content
+    jsonschema.validate(json.loads(choice.message.content), PERSON)
+
+
+def test_n_choices_are_rows_of_one_batch(client):
+    answer = ask(client, PASSAGE, response_format=PERSON_FORMAT, max_tokens=30, n=3, temperature=1.0, seed=7)
+    assert [c.index for c in answer.choices] == [0, 1, 2]
+    for choice in answer.choices:
+        jsonschema.validate(json.loads(choice.message.content), PERSON)
+    assert answer.usage.completion_tokens > 3
+
+
+def test_logprobs_are_of_the_masked_distribution(client):
+    answer = ask(client, "Is the sky blue?", max_tokens=4, logprobs=True, top_logprobs=3,
+                 extra_body={"choices": ["yes", "no"]})
+    content = answer.choices[0].logprobs.content
+    assert "".join(entry.token for entry in content) == answer.choices[0].message.content
+    first = content[0]
+    assert first.logprob <= 0 and {alt.token for alt in first.top_logprobs} <= {"yes", "no", "y", "n", "ye"}
+    assert 0.99 <= sum(2.718281828 ** alt.logprob for alt in first.top_logprobs) <= 1.0001
+    assert all(entry.logprob == 0 for entry in content[1:])  # forced by the choice: probability 1
+
+
+def test_metrics_count_what_was_served(server):
+    import httpx
+
+    root = server[1].removesuffix("/v1")
+    text = httpx.get(f"{root}/metrics").text
+    assert 'cdsl_requests_total{route="/v1/chat/completions",status="200"}' in text
+    assert "cdsl_batch_rows" in text and "cdsl_draft_accepted_tokens_total" in text

@@ -1,0 +1,88 @@
+"""Real function-calling clients against the real server on the embedded SmolLM2: instructor
+(TOOLS and JSON_SCHEMA modes), langchain-openai (``bind_tools`` with an ``@tool`` function and
+``with_structured_output`` both ways) and pydantic-ai (an output type; ``NativeOutput`` beside a
+tool). Their schemas are the ones these libraries generate, without ``additionalProperties``."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import BaseModel, Field
+
+from .conftest import SERVER_EXTRA, running_server
+
+pytest.importorskip("fastapi", reason=SERVER_EXTRA)
+CLIENTS_EXTRA = "needs the clients extra: pip install 'cdsl_struct[clients]'"
+
+PASSAGE = "Extract the person: Tom Baker, 52, teaches history in Leeds."
+
+
+class Person(BaseModel):
+    """A person mentioned in the text."""
+
+    name: str = Field(max_length=24)
+    age: int = Field(ge=0, le=150)
+
+
+@pytest.fixture(scope="module")
+def base_url(smollm2):
+    from cdsl_struct.api import Generator
+    from cdsl_struct.server import create_app
+
+    with running_server(create_app(Generator(smollm2), default_max_tokens=64)) as url:
+        yield url
+
+
+def test_instructor_tools_and_json_schema_modes(base_url):
+    instructor = pytest.importorskip("instructor", reason=CLIENTS_EXTRA)
+    import openai
+
+    for mode in (instructor.Mode.TOOLS, instructor.Mode.JSON_SCHEMA):
+        client = instructor.from_openai(openai.OpenAI(base_url=base_url, api_key="x", max_retries=0), mode=mode)
+        person = client.chat.completions.create(model="smollm2", response_model=Person, max_retries=0,
+                                                messages=[{"role": "user", "content": PASSAGE}], max_tokens=48)
+        assert isinstance(person, Person), mode
+
+
+def test_langchain_bind_tools_and_structured_output(base_url):
+    pytest.importorskip("langchain_openai", reason=CLIENTS_EXTRA)
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def get_weather(city: str, unit: str = "celsius") -> str:
+        """Current weather in a city."""
+        return f"sunny in {city}"
+
+    llm = ChatOpenAI(base_url=base_url, api_key="x", model="smollm2", temperature=0, max_tokens=48, max_retries=0)
+    message = llm.bind_tools([get_weather], tool_choice="any").invoke("What is the weather in Paris?")
+    (call,) = message.tool_calls[:1]
+    assert call["name"] == "get_weather" and set(call["args"]) <= {"city", "unit"} and "city" in call["args"]
+    assert message.invalid_tool_calls == []
+    for method in ("function_calling", "json_schema"):
+        person = llm.with_structured_output(Person, method=method).invoke(PASSAGE)
+        assert isinstance(person, Person), method
+
+
+def test_pydantic_ai_output_type_and_native_output_with_a_tool(base_url):
+    pytest.importorskip("pydantic_ai", reason=CLIENTS_EXTRA)
+    from pydantic_ai import Agent, NativeOutput
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+    from pydantic_ai.usage import UsageLimits
+
+    model = OpenAIChatModel("smollm2", provider=OpenAIProvider(base_url=base_url, api_key="x"))
+    settings = {"max_tokens": 48, "temperature": 0}
+    limits = UsageLimits(request_limit=4)
+    result = Agent(model, output_type=Person, model_settings=settings).run_sync(PASSAGE, usage_limits=limits)
+    assert isinstance(result.output, Person)
+
+    calls = []
+
+    def lookup_age(name: str) -> int:
+        """The age of a person, by name."""
+        calls.append(name)
+        return 52
+
+    agent = Agent(model, output_type=NativeOutput(Person), tools=[lookup_age], model_settings=settings)
+    result = agent.run_sync(PASSAGE, usage_limits=limits)
+    assert isinstance(result.output, Person)
