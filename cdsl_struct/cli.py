@@ -60,9 +60,16 @@ def main(argv: list[str] | None = None) -> int:
     thr.add_argument("--no-progress", action="store_true")
 
     served = bench.add_parser("serve", help="json_schema chat requests against any OpenAI-compatible server")
-    served.add_argument("--url", default="http://127.0.0.1:8000/v1", help="the server's base URL")
+    served.add_argument("--url", "--base-url", default="http://127.0.0.1:8000/v1", help="the server's base URL")
+    served.add_argument("--mix", action="store_true",
+                        help="a mixed load (json_schema, tools, plain, streaming, disconnecting clients, malformed "
+                             "requests) from --clients threads, against the same requests one at a time")
+    served.add_argument("--clients", type=int, default=32, help="--mix: concurrent clients (default 32)")
+    served.add_argument("--serial-requests", type=int, default=40,
+                        help="--mix: well-formed requests sent one at a time for the baseline (default 40)")
     served.add_argument("--model", default="smollm2", help="model name the server serves (default smollm2)")
-    served.add_argument("--requests", type=int, default=16, help="requests per concurrency level (default 16)")
+    served.add_argument("--requests", type=int, default=16,
+                        help="requests per concurrency level, or of the --mix load (default 16)")
     served.add_argument("--concurrency", default="1,16", help="comma-separated levels (default 1,16)")
     served.add_argument("--max-tokens", type=int, default=60)
     served.add_argument("--tokenizer", default="smollm2", help="re-tokenises the answers for a fair token count")
@@ -96,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     _json_keywords_arguments(keywords_json)
     fuzz = bench.add_parser("fuzz-rewrite", help="fuzz the schema rewriter: original vs rewrite, judged by jsonschema")
     _fuzz_rewrite_arguments(fuzz)
+    quality = bench.add_parser("quality", help="constrained vs free answers: accuracy, whitespace, token boundaries")
+    _quality_arguments(quality)
 
     models = commands.add_parser("models", help="fetch and prepare models, or list them")
     models.add_argument("action", choices=["pull", "list"])
@@ -141,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
         report = run_step_cost(StepCostConfig(model=args.model, device=args.device, steps=args.steps,
                                               rounds=args.rounds, compile=args.compile))
         return _report(report, format_table(report), args.json_out)
+    if args.command == "bench" and args.bench == "quality":
+        from .bench.answer_quality import run_from_args
+
+        return _report(*run_from_args(args), args.json_out)
     if args.command == "bench" and args.bench == "fuzz-rewrite":
         from .bench.fuzz_rewrite import run_from_args as run_fuzz_rewrite
 
@@ -191,6 +204,14 @@ def _throughput(args: argparse.Namespace) -> int:
 
 def _serve_bench(args: argparse.Namespace) -> int:
     from .bench.serving import ServeBenchConfig, format_table, run_serve_bench
+
+    if args.mix:
+        from .bench.serving_mix import MixConfig, format_mix_table, run_mix_bench
+
+        mix = MixConfig(base_url=args.url, model=args.model, requests=args.requests, clients=args.clients,
+                        serial_requests=args.serial_requests, max_tokens=args.max_tokens, label=args.label)
+        report = run_mix_bench(mix)
+        return _report(report, format_mix_table(report), args.json_out)
 
     config = ServeBenchConfig(base_url=args.url, model=args.model, requests=args.requests,
                               concurrency=tuple(int(c) for c in args.concurrency.split(",") if c.strip()),
@@ -310,6 +331,12 @@ def _json_keywords(args: argparse.Namespace) -> int:
     report = run_json_keywords(args.data, config, progress=not args.no_progress)
     report["summary"] = {}
     return _report(report, format_table(report), args.json_out)
+
+
+def _quality_arguments(parser: argparse.ArgumentParser) -> None:
+    from .bench.answer_quality import add_arguments
+
+    add_arguments(parser)
 
 
 def _fuzz_rewrite_arguments(parser: argparse.ArgumentParser) -> None:

@@ -3,6 +3,7 @@ value type, incomplete outputs carry no value, streaming, batches, methods, and 
 
 from __future__ import annotations
 
+import re
 import threading
 
 import jsonschema
@@ -176,7 +177,11 @@ def test_module_level_generate_reuses_one_generator(smollm2, monkeypatch):
     (dict(regex="a(?=b)"), cs.UnsupportedFeature, "lookahead"),
     (dict(regex="a(b"), cs.GrammarSyntaxError, "invalid regex"),
     (dict(choices=[]), cs.UnsatisfiableSchema, "at least one"),
-    (dict(tools=[{"type": "function", "function": {"name": "f"}}], schema=PERSON), ValueError, "not both"),
+    (dict(tools=[{"type": "function", "function": {"name": "f"}}], regex="a+"), ValueError, "cannot be combined"),
+    (dict(stop=["a", "b", "c", "d", "e"]), ValueError, "at most 4"),
+    (dict(stop=[""]), ValueError, "non-empty"),
+    (dict(presence_penalty=3.0), ValueError, "presence_penalty"),
+    (dict(keywords=["dog"], stop=["."]), ValueError, "does not take stop"),
 ])
 def test_bad_inputs_raise_typed_errors(gen, kwargs, error, match):
     with pytest.raises(error, match=match):
@@ -231,3 +236,54 @@ def test_concurrent_callers_with_a_bad_schema_fail_alone(gen):
     good = [futures[i].result() for i in (0, 2, 3)]
     assert good[1].value in ("yes", "no") and len(good[2].text) <= 3
     assert good[0].finish_reason != "stop" or good[0].value is not None
+
+
+# --- objects closed to undeclared keys, stop strings, penalties, cancellation -------------------
+
+
+def test_undeclared_keys_are_not_generated_unless_allowed(gen, smollm2):
+    from cdsl_struct.constraints.closed_objects import close_objects
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "tags": {
+        "type": "array", "items": {"type": "object", "properties": {"k": {"type": "string"}}}}}, "required": ["name"],
+        "$defs": {"mixin": {"type": "object", "properties": {"x": {"type": "integer"}}}},
+        "allOf": [{"$ref": "#/$defs/mixin"}, {"properties": {"y": {"type": "integer"}}}]}
+    closed = close_objects(schema)
+    assert closed["properties"]["tags"]["items"]["additionalProperties"] is False
+    assert "additionalProperties" not in closed  # combined with allOf: it cannot see those keys
+    assert "additionalProperties" not in closed["$defs"]["mixin"]  # referenced from an allOf branch
+    assert "additionalProperties" not in closed["allOf"][1]
+    assert close_objects({"type": "object"}) == {"type": "object"}  # declares nothing: stays open
+    strict = gen.compile(gen._closed(cs.JsonSchema({"type": "object", "properties": {"a": {"type": "integer"}}})))
+    loose = Generator(smollm2, draft=None, extra_properties=True)
+    try:
+        free = loose.compile(loose._closed(cs.JsonSchema({"type": "object", "properties": {"a": {"type": "integer"}}})))
+    finally:
+        loose.close()
+    extra = gen.tokenizer.encode('{"a":1,"b":2}', add_special_tokens=False)
+    assert strict.new_state().validate(extra) < len(extra) and free.new_state().validate(extra) == len(extra)
+
+
+def test_stop_string_ends_where_the_constraint_accepts(gen):
+    free = gen.generate("1, 2, 3, 4,", chat=False, max_tokens=16, stop=["7"])
+    assert free.finish_reason == "stop" and free.complete and "7" not in free.text and free.text.endswith(" ")
+    assert gen.tokenizer.decode(free.tokens) == free.text
+    digits = gen.generate("1, 2, 3, 4,", chat=False, max_tokens=12, regex=r"( [0-9],){6}", stop=["7"])
+    assert "7" in digits.text  # "7" inside the pattern cannot end it: the output runs to its end
+    assert digits.finish_reason == "stop" and re.fullmatch(r"( [0-9],){6}", digits.text)
+    *deltas, streamed = gen.generate("1, 2, 3, 4,", chat=False, max_tokens=16, stop=["7"], stream=True)
+    assert "".join(deltas) == streamed.text == free.text
+
+
+def test_penalties_change_a_repetitive_answer(gen):
+    prompt = "Repeat the word 'go' twenty times: go go go"
+    plain = gen.generate(prompt, chat=False, max_tokens=12)
+    penalised = gen.generate(prompt, chat=False, max_tokens=12, frequency_penalty=2.0, presence_penalty=2.0)
+    assert plain.text.count(" go") > penalised.text.count(" go")
+
+
+def test_cancel_event_ends_rows_within_a_step(gen):
+    cancel = threading.Event()
+    cancel.set()
+    result = gen.generate("Tell me a long story.", max_tokens=200, cancel=cancel)
+    assert result.finish_reason == "cancelled" and not result.complete and len(result.tokens) <= 8
