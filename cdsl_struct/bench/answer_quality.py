@@ -1,0 +1,449 @@
+"""``cdsl-struct bench quality``: are constrained answers as good as free ones?
+
+The same prompts (``quality_tasks``: extraction of a schema's JSON from prose that states every
+value, plus choice and regex questions) are answered greedily by the batched ``Generator`` in
+several settings:
+
+- ``free``: unconstrained generation, then parse (the first JSON object / option / regex match
+  in the text): the baseline people use;
+- ``<policy>``: constrained under a JSON whitespace policy (``compact``, ``spaced``,
+  ``flexible``, ``newlines`` or a bounded regex);
+- ``<policy>+canonical``: the same with canonical token boundaries (``constraints/canonical.py``).
+
+Choice and regex answers do not depend on the whitespace policy, so they are decoded once per
+canonical flag and shared by the settings that have it (their time counts once, for the first
+setting that decoded them). Per setting: per-field accuracy with a
+bootstrap CI (resampling tasks), its paired difference to ``free``, outputs that are valid
+(constrained: complete; free: parsed), tokens per answer and per re-tokenised answer, the share
+of outputs whose tokens are not what re-tokenising their text gives, mask time and wall time.
+
+``choose_default`` picks, from a tune-split run, the most accurate constrained whitespace policy
+whose extraction answers use at most 10% more tokens than ``compact``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from ..constraints import compile
+from ..constraints.canonical import CanonicalFilter, with_canonical_tokens
+from ..errors import CompileError
+from .quality_tasks import Path_, Task, build_tasks
+
+NEWLINES = "newlines"
+POLICIES = {"compact": "compact", "spaced": "spaced", "flexible": "flexible", NEWLINES: r"(?:\n[ ]{0,8}|[ ])?"}
+"""Named whitespace policies of the bench; ``newlines`` lets the model lay JSON out on lines
+(one newline and up to 8 spaces of indent, or one space, per slot: bounded)."""
+DEFAULT_SETTINGS = ("free", "compact", "spaced", "flexible", NEWLINES, "compact+canonical", "flexible+canonical")
+TOKEN_BUDGET = 1.10
+
+
+@dataclass
+class QualityConfig:
+    split: str = "tune"
+    cases: int = 40
+    settings: tuple[str, ...] = DEFAULT_SETTINGS
+    kinds: tuple[str, ...] = ("extract", "choice", "regex")
+    max_tokens: int = 160
+    concurrency: int = 16
+    draft: str | None = "auto"
+    model: str = "smollm2"
+    bootstrap: int = 1000
+    seed: int = 0
+
+
+@dataclass
+class Answer:
+    """One task answered in one setting."""
+
+    task: Task
+    text: str
+    valid: bool
+    correct: dict[Path_, bool]
+    tokens: int
+    retokenized: int
+    canonical_pairs_broken: int
+    mask_seconds: float
+    finish_reason: str = ""
+
+
+@dataclass
+class SettingRun:
+    name: str
+    answers: list[Answer] = field(default_factory=list)
+    wall_seconds: float = 0.0
+
+
+def parse_setting(name: str) -> tuple[str | None, bool]:
+    """``"flexible+canonical"`` -> (whitespace pattern or name, canonical); ``"free"`` -> (None, False)."""
+    base, _, extra = name.partition("+")
+    if extra not in ("", "canonical"):
+        raise ValueError(f"unknown setting {name!r}: use free, a whitespace policy, or POLICY+canonical")
+    if base == "free":
+        if extra:
+            raise ValueError("free generation has no token boundaries to keep canonical")
+        return None, False
+    return POLICIES.get(base, base), bool(extra)
+
+
+# --- scoring ------------------------------------------------------------------------------------
+
+
+def first_json_object(text: str) -> dict[str, Any] | None:
+    """The first JSON object in ``text`` (code fences and prose around it are skipped)."""
+    decoder = json.JSONDecoder()
+    for match in re.finditer(r"\{", text):
+        try:
+            value, _ = decoder.raw_decode(text, match.start())
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None
+
+
+def same_value(predicted: Any, gold: Any) -> bool:
+    """Exact match of one field (numbers compare by value, booleans only with booleans)."""
+    if isinstance(gold, bool) or isinstance(predicted, bool):
+        return predicted is gold
+    if isinstance(gold, (int, float)) and isinstance(predicted, (int, float)):
+        return float(predicted) == float(gold)
+    return type(predicted) is type(gold) and predicted == gold
+
+
+def _lookup(value: Any, path: Path_) -> Any:
+    for key in path:
+        if not isinstance(value, dict) or key not in value:
+            return _MISSING
+        value = value[key]
+    return value
+
+
+_MISSING = object()
+
+
+def score(task: Task, text: str, constrained: bool) -> tuple[bool, dict[Path_, bool]]:
+    """(valid, correct per field) of an answer's text."""
+    if task.kind == "extract":
+        value = first_json_object(text) if not constrained else _loads(text)
+        valid = value is not None
+        if valid and constrained:
+            try:
+                jsonschema.validate(value, task.constraint)
+            except jsonschema.exceptions.SchemaError:
+                pass
+            except jsonschema.ValidationError:
+                valid = False
+        return valid, {p: valid and same_value(_lookup(value, p), g) for p, g in task.fields.items()}
+    (path, gold), = task.fields.items()
+    if task.kind == "choice":
+        if constrained:
+            answer = text if text in task.constraint else None
+        else:
+            found = [(m.start(), o) for o in task.constraint for m in [re.search(re.escape(o), text)] if m]
+            answer = min(found)[1] if found else None
+    else:
+        match = re.fullmatch(task.constraint, text) if constrained else re.search(task.constraint, text)
+        answer = match.group(0) if match else None
+    return answer is not None, {path: answer == gold}
+
+
+def _loads(text: str) -> Any:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+# --- running ------------------------------------------------------------------------------------
+
+
+def usable_tasks(tasks: list[Task], generator: Any, settings: tuple[str, ...]) -> tuple[list[Task], list[str]]:
+    """The tasks every setting can compile (llguidance and outlines-core refuse some schemas)."""
+    keep, dropped = [], []
+    patterns = {parse_setting(s)[0] for s in settings} - {None}
+    for task in tasks:
+        if task.kind != "extract":
+            keep.append(task)
+            continue
+        try:
+            for pattern in patterns:
+                compile(task.constraint, generator.vocabulary, whitespace=pattern, timeout=10.0)
+        except CompileError as exc:
+            dropped.append(f"{task.id}: {type(exc).__name__}")
+            continue
+        keep.append(task)
+    return keep, dropped
+
+
+def _request(task: Task) -> dict[str, Any]:
+    if task.kind == "extract":
+        return {"schema": task.constraint}
+    if task.kind == "choice":
+        return {"choices": task.constraint}
+    return {"regex": task.constraint}
+
+
+def answer_all(generator: Any, tasks: list[Task], config: QualityConfig, *, constrained: bool,
+               canonical: CanonicalFilter) -> list[Answer]:
+    """Answer every task (concurrent callers share the batched engine's steps)."""
+    if not tasks:
+        return []
+    tokenizer = generator.tokenizer
+    eos = set(generator.vocabulary.eos_token_ids)
+
+    def one(task: Task) -> Answer:
+        request = _request(task) if constrained else {}
+        result = generator.generate(task.prompt, max_tokens=config.max_tokens, temperature=0.0, **request)
+        tokens = [t for t in result.tokens if t not in eos]
+        valid, correct = score(task, result.text, constrained)
+        if constrained:
+            valid = valid and result.complete
+        return Answer(task, result.text, valid, correct, len(tokens),
+                      len(tokenizer.encode(result.text, add_special_tokens=False)),
+                      sum(not canonical.is_canonical_pair(p, t) for p, t in zip(tokens, tokens[1:], strict=False)),
+                      result.stats.mask_seconds, result.finish_reason)
+
+    with ThreadPoolExecutor(config.concurrency, thread_name_prefix="quality") as pool:
+        return list(pool.map(one, tasks))
+
+
+def run_quality(data_dir: str | Path, config: QualityConfig, progress: bool = True) -> dict[str, Any]:
+    """Answer the split's tasks in every setting; return the summary (and every answer).
+
+    One Generator answers every setting, so the batched engine's prefix cache prefills each
+    prompt once: tasks go in chunks of ``concurrency``, and each chunk is answered in every
+    setting (the order rotates from chunk to chunk, so no setting always pays the prefill).
+    """
+    from ..models.loading import load_model
+
+    loaded = load_model(config.model)
+    generator = _switching_generator(loaded, config)
+    try:
+        tasks, dropped = usable_tasks(build_tasks(data_dir, config.split, config.cases, config.kinds), generator,
+                                      config.settings)
+        canonical = CanonicalFilter.for_tokenizer(generator.tokenizer, generator.vocabulary)
+        runs = {name: SettingRun(name) for name in config.settings}
+        shared: dict[bool, dict[str, Answer]] = {}  # choice / regex answers by canonical flag
+        chunks = [tasks[i:i + config.concurrency] for i in range(0, len(tasks), config.concurrency)]
+        for number, chunk in enumerate(chunks):
+            order = list(config.settings)
+            order = order[number % len(order):] + order[:number % len(order)]
+            for name in order:
+                pattern, use_canonical = parse_setting(name)
+                generator.use(pattern, use_canonical)
+                if pattern is None:
+                    todo = chunk
+                else:
+                    done = shared.setdefault(use_canonical, {})
+                    todo = [t for t in chunk if t.kind == "extract" or t.id not in done]
+                if progress:
+                    print(f"[quality] {config.split} chunk {number + 1}/{len(chunks)}: {name}", flush=True)
+                start = time.perf_counter()
+                answers = answer_all(generator, todo, config, constrained=pattern is not None, canonical=canonical)
+                runs[name].wall_seconds += time.perf_counter() - start
+                if pattern is not None:
+                    done.update((a.task.id, a) for a in answers if a.task.kind != "extract")
+                    answers = [a for a in answers if a.task.kind == "extract"]
+                    answers += [done[t.id] for t in chunk if t.kind != "extract"]
+                runs[name].answers += answers
+    finally:
+        generator.close()
+    summary = summarize(runs, config)
+    summary["dropped_tasks"] = dropped
+    summary["canonical_filter"] = {"build_s": round(canonical.build_seconds, 3),
+                                   "check_s": round(canonical.check_seconds, 3)}
+    summary["answers"] = {name: [_answer_row(a) for a in run.answers] for name, run in runs.items()}
+    return summary
+
+
+def _switching_generator(loaded: Any, config: QualityConfig) -> Any:
+    """A Generator whose whitespace policy and canonical flag the bench switches between settings."""
+    from ..api import Generator
+
+    class SwitchingGenerator(Generator):
+        canonical = False
+
+        def use(self, whitespace: str | None, canonical: bool) -> None:
+            self.whitespace, self.canonical = whitespace or "compact", canonical
+
+        def compile(self, spec: Any) -> Any:
+            compiled = super().compile(spec)
+            return with_canonical_tokens(compiled, self.tokenizer) if self.canonical else compiled
+
+    return SwitchingGenerator(loaded, draft=config.draft, max_batch_size=config.concurrency)
+
+
+def _answer_row(answer: Answer) -> dict[str, Any]:
+    return {"id": answer.task.id, "text": answer.text, "valid": answer.valid, "tokens": answer.tokens,
+            "retokenized": answer.retokenized, "finish_reason": answer.finish_reason,
+            "correct": {".".join(p): c for p, c in answer.correct.items()}}
+
+
+# --- summarising --------------------------------------------------------------------------------
+
+
+def bootstrap_ci(per_task: list[tuple[int, int]], samples: int, seed: int) -> tuple[float, float]:
+    """95% percentile interval of sum(correct)/sum(fields), resampling tasks."""
+    if not per_task:
+        return 0.0, 0.0
+    rng = random.Random(seed)
+    values = []
+    for _ in range(samples):
+        pick = [per_task[rng.randrange(len(per_task))] for _ in per_task]
+        total = sum(n for _, n in pick)
+        values.append(sum(c for c, _ in pick) / total if total else 0.0)
+    values.sort()
+    return values[int(0.025 * (samples - 1))], values[int(0.975 * (samples - 1))]
+
+
+def paired_delta_ci(a: list[tuple[int, int]], b: list[tuple[int, int]], samples: int,
+                    seed: int) -> tuple[float, float, float]:
+    """Accuracy of ``a`` minus ``b`` on the same tasks, with a 95% paired bootstrap interval."""
+    def acc(rows: list[tuple[int, int]]) -> float:
+        total = sum(n for _, n in rows)
+        return sum(c for c, _ in rows) / total if total else 0.0
+
+    rng = random.Random(seed)
+    deltas = []
+    for _ in range(samples):
+        idx = [rng.randrange(len(a)) for _ in a]
+        deltas.append(acc([a[i] for i in idx]) - acc([b[i] for i in idx]))
+    deltas.sort()
+    return acc(a) - acc(b), deltas[int(0.025 * (samples - 1))], deltas[int(0.975 * (samples - 1))]
+
+
+def _per_task(answers: list[Answer], kind: str | None) -> list[tuple[int, int]]:
+    return [(sum(a.correct.values()), len(a.correct)) for a in answers if kind is None or a.task.kind == kind]
+
+
+def summarize(runs: dict[str, SettingRun], config: QualityConfig) -> dict[str, Any]:
+    """Per setting and task kind: accuracy with CIs, validity, tokens, canonicality, time."""
+    baseline = runs.get("free")
+    table: dict[str, Any] = {}
+    for name, run in runs.items():
+        row: dict[str, Any] = {"wall_s": round(run.wall_seconds, 1)}
+        for kind in (None, "extract", "choice", "regex"):
+            answers = [a for a in run.answers if kind is None or a.task.kind == kind]
+            if not answers:
+                continue
+            per_task = _per_task(answers, None)
+            fields = sum(n for _, n in per_task)
+            low, high = bootstrap_ci(per_task, config.bootstrap, config.seed)
+            entry: dict[str, Any] = {
+                "tasks": len(answers), "fields": fields,
+                "accuracy": round(sum(c for c, _ in per_task) / fields, 4), "ci95": [round(low, 4), round(high, 4)],
+                "valid": round(sum(a.valid for a in answers) / len(answers), 4),
+                "tokens_per_answer": round(sum(a.tokens for a in answers) / len(answers), 2),
+                "retokenized_per_answer": round(sum(a.retokenized for a in answers) / len(answers), 2),
+                "non_canonical_outputs": round(sum(a.tokens != a.retokenized or a.canonical_pairs_broken > 0
+                                                   for a in answers) / len(answers), 4),
+                "non_canonical_pairs": sum(a.canonical_pairs_broken for a in answers),
+                "mask_ms_per_token": round(1000 * sum(a.mask_seconds for a in answers)
+                                           / max(1, sum(a.tokens for a in answers)), 4),
+                "length_cut": sum(a.finish_reason == "length" for a in answers),
+            }
+            if baseline is not None and name != "free":
+                by_id = {a.task.id: a for a in baseline.answers}
+                if all(a.task.id in by_id for a in answers):
+                    ours = _per_task(answers, None)
+                    theirs = _per_task([by_id[a.task.id] for a in answers], None)
+                    delta, d_low, d_high = paired_delta_ci(ours, theirs, config.bootstrap, config.seed)
+                    entry["delta_vs_free"] = [round(delta, 4), round(d_low, 4), round(d_high, 4)]
+            row[kind or "all"] = entry
+        table[name] = row
+    return {"split": config.split, "cases": config.cases, "settings": table,
+            "chosen_default": choose_default(table)}
+
+
+def choose_default(table: dict[str, Any]) -> str | None:
+    """The most accurate constrained whitespace policy (extraction) within the token budget:
+    at most ``TOKEN_BUDGET`` times the tokens per answer of ``compact``; ties go to fewer tokens."""
+    compact = table.get("compact", {}).get("extract")
+    candidates = []
+    for name, row in table.items():
+        entry = row.get("extract")
+        if name == "free" or "+" in name or entry is None:
+            continue
+        if compact and entry["tokens_per_answer"] > TOKEN_BUDGET * compact["tokens_per_answer"]:
+            continue
+        candidates.append((-entry["accuracy"], entry["tokens_per_answer"], name))
+    return min(candidates)[2] if candidates else None
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """A text table of one run."""
+    lines = [f"bench quality, split {summary['split']} ({summary['cases']} cases)",
+             f"{'setting':<22}{'kind':<9}{'n':>4}{'acc':>7}  {'ci95':<15}{'d vs free [ci95]':<26}{'valid':>6}"
+             f"{'tok':>7}{'retok':>7}{'noncan':>7}{'mask ms/tok':>12}{'wall s':>8}"]
+    for name, row in summary["settings"].items():
+        for kind in ("extract", "choice", "regex", "all"):
+            e = row.get(kind)
+            if e is None:
+                continue
+            delta = e.get("delta_vs_free")
+            delta_text = f"{delta[0]:+.3f} [{delta[1]:+.3f},{delta[2]:+.3f}]" if delta else ""
+            lines.append(f"{name:<22}{kind:<9}{e['fields']:>4}{e['accuracy']:>7.3f}  "
+                         f"[{e['ci95'][0]:.3f},{e['ci95'][1]:.3f}]  {delta_text:<26}{e['valid']:>6.2f}"
+                         f"{e['tokens_per_answer']:>7.1f}{e['retokenized_per_answer']:>7.1f}"
+                         f"{e['non_canonical_outputs']:>7.2f}{e['mask_ms_per_token']:>12.3f}"
+                         f"{row['wall_s'] if kind == 'all' else '':>8}")
+    lines.append(f"chosen default whitespace (most accurate within {TOKEN_BUDGET:.2f}x compact tokens): "
+                 f"{summary['chosen_default']}")
+    if summary.get("dropped_tasks"):
+        lines.append(f"dropped (a setting could not compile): {len(summary['dropped_tasks'])}")
+    return "\n".join(lines)
+
+
+# --- command line -------------------------------------------------------------------------------
+
+
+def add_arguments(parser: Any) -> None:
+    """``bench quality``'s options (defaults are ``QualityConfig``'s)."""
+    defaults = QualityConfig()
+    parser.add_argument("--data", default="../shared/data/maskbench", help="MaskBench .jsonl.gz folder")
+    parser.add_argument("--split", default="both", choices=["tune", "report", "both"],
+                        help="both: choose the whitespace default on tune, then measure on report (default)")
+    parser.add_argument("--cases", type=int, default=defaults.cases, help="MaskBench cases per split")
+    parser.add_argument("--settings", default=",".join(defaults.settings),
+                        help="comma-separated: free, compact, spaced, flexible, newlines, a bounded whitespace "
+                             "regex, each optionally +canonical")
+    parser.add_argument("--kinds", default=",".join(defaults.kinds), help="task kinds: extract, choice, regex")
+    parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
+    parser.add_argument("--concurrency", type=int, default=defaults.concurrency, help="rows decoded together")
+    parser.add_argument("--draft", default=defaults.draft, help="the Generator's draft (default auto: prompt lookup)")
+    parser.add_argument("--model", default=defaults.model)
+    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--json", dest="json_out", help="write the summaries and every answer here")
+
+
+def run_from_args(args: Any) -> tuple[dict[str, Any], str]:
+    """Run ``bench quality`` as the command line asked; return (report, printed table)."""
+    settings = tuple(s for s in args.settings.split(",") if s)
+    for name in settings:
+        parse_setting(name)
+    splits = ("tune", "report") if args.split == "both" else (args.split,)
+    report: dict[str, Any] = {"summary": {}}
+    tables = []
+    for split in splits:
+        config = QualityConfig(split=split, cases=args.cases, settings=settings,
+                               kinds=tuple(k for k in args.kinds.split(",") if k), max_tokens=args.max_tokens,
+                               concurrency=args.concurrency, draft=None if args.draft == "none" else args.draft,
+                               model=args.model)
+        report[split] = run_quality(args.data, config, progress=not args.no_progress)
+        tables.append(format_summary(report[split]))
+    if "tune" in report:
+        report["summary"]["default_chosen_on_tune"] = report["tune"]["chosen_default"]
+    if "report" in report:
+        report["summary"]["report"] = {name: row.get("all") for name, row in report["report"]["settings"].items()}
+    return report, "\n\n".join(tables)
