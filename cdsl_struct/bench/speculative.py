@@ -2,13 +2,18 @@
 
 For every task, interleaved in one process: (a) our ``target`` decoder, (b) our speculative
 decoder with the chosen draft, (c) what users do today, ``transformers`` ``generate()`` with an
-outlines-core logits processor for the same constraint, and (d) HF assisted generation with a
-bf16 self-draft, unconstrained (reference only). Constraints are compiled before timing starts.
+outlines-core logits processor for the same constraint, (d) HF assisted generation with a
+bf16 self-draft, unconstrained (reference only), and (e) the ``outlines`` package itself
+(``outlines.from_transformers`` + ``outlines.Generator`` with the same constraint as an output
+type, on the same model object and prompt), when the extra ``outlines`` is installed. Every
+output's validity is checked independently of the engines. Constraints are compiled (and
+Outlines' generators built and warmed up) before timing starts.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import resource
 import time
 from dataclasses import dataclass
@@ -78,6 +83,7 @@ class SpeculativeConfig:
     repeat: int = 1
     model: str = "smollm2"
     with_hf: bool = True
+    with_outlines: bool | None = None  # None: when the outlines package is installed
 
 
 def load_tasks(path: str | Path | None) -> list[dict[str, Any]]:
@@ -137,6 +143,7 @@ def run_speculative_bench(tasks: list[dict[str, Any]], config: SpeculativeConfig
         index = _outlines_index(spec, compiled) if config.with_hf else None
         prepared.append((task, compiled, prompt, index))
     vocab_size = prepared[0][1].vocab_size if prepared else 0
+    outlines_baseline = _outlines_baseline(config, model, tokenizer, prepared)
 
     runs = []
     for round_number in tqdm.trange(config.repeat, disable=not progress, desc="rounds"):
@@ -148,6 +155,12 @@ def run_speculative_bench(tasks: list[dict[str, Any]], config: SpeculativeConfig
             row["target"] = _describe(*plain)
             row["speculative"] = _describe(*spec_result)
             row["identical"] = plain[0].tokens == spec_result[0].tokens
+            for key, result in (("target", plain[0]), ("speculative", spec_result[0])):
+                row[key]["valid"] = result.finish_reason == "stop" and output_valid(task, result.text)
+            if outlines_baseline is not None:
+                row["outlines"] = _outlines_run(outlines_baseline, task, compiled.spec, tokenizer, config.max_tokens)
+                if row["outlines"] is not None:
+                    row["outlines"]["identical_text"] = row["outlines"]["text"] == plain[0].text
             if config.with_hf:
                 row["hf_outlines"] = _hf_generate(model, tokenizer, prompt, config.max_tokens, index, None, vocab_size)
                 row["hf_assisted"] = _hf_generate(model, tokenizer, prompt, config.max_tokens, None, assistant,
@@ -170,6 +183,7 @@ def summarise(runs: list[dict[str, Any]], config: SpeculativeConfig) -> dict[str
                 + overhead_per_pass * total("speculative", "decode_passes"))
     bound = target_s / max(modelled, 1e-9)
     speedup = target_s / spec_s if spec_s else 0.0
+    outlines_part = _outlines_summary(runs)
     hf_runs = [r for r in runs if r.get("hf_outlines")]
     hf_outlines_s = sum(r["hf_outlines"]["wall_s"] for r in hf_runs)
     spec_on_hf = sum(r["speculative"]["wall_s"] for r in hf_runs)
@@ -189,8 +203,83 @@ def summarise(runs: list[dict[str, Any]], config: SpeculativeConfig) -> dict[str
         "wall_s": {"target": round(target_s, 3), "speculative": round(spec_s, 3),
                    "hf_outlines": round(hf_outlines_s, 3) if hf_runs else None,
                    "hf_assisted": round(total("hf_assisted", "wall_s"), 3) if hf_runs else None},
+        "valid": {key: sum(bool(r[key].get("valid")) for r in runs) for key in ("target", "speculative")},
+        **outlines_part,
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
+
+
+def output_valid(task: dict[str, Any], text: str) -> bool:
+    """Whether ``text`` satisfies the task's constraint, checked without any constraint engine."""
+    import jsonschema
+    import lark
+
+    if "schema" in task:
+        try:
+            jsonschema.validate(json.loads(text), task["schema"])
+        except (ValueError, jsonschema.ValidationError):
+            return False
+        return True
+    if "regex" in task:
+        return re.fullmatch(task["regex"], text) is not None
+    try:
+        Grammar(task["grammar"]).parser().parse(text)
+    except lark.exceptions.LarkError:
+        return False
+    return True
+
+
+def _outlines_baseline(config: SpeculativeConfig, model: Any, tokenizer: Any, prepared: list[Any]) -> Any:
+    """(e): the outlines package on the same model, generators built and warmed up; None if off or absent."""
+    if config.with_outlines is False:
+        return None
+    try:
+        from .outlines_baseline import OutlinesBaseline, chat_text
+    except ImportError:
+        return None
+    try:
+        baseline = OutlinesBaseline(model, tokenizer)
+    except ImportError:
+        if config.with_outlines:
+            raise
+        return None
+    for _task, compiled, _prompt, _index in prepared:
+        baseline.prepare(compiled.spec)
+    if prepared:
+        baseline.warm_up(prepared[0][1].spec, chat_text(tokenizer, prepared[0][0]["prompt"]))
+    return baseline
+
+
+def _outlines_run(baseline: Any, task: dict[str, Any], spec: Any, tokenizer: Any,
+                  max_tokens: int) -> dict[str, Any] | None:
+    from .outlines_baseline import chat_text
+
+    run = baseline.generate(spec, chat_text(tokenizer, task["prompt"]), max_tokens)
+    if run is None:
+        return {"unsupported": baseline.unsupported.get(spec.key, "cannot express")}
+    run["valid"] = output_valid(task, run["text"])
+    return run
+
+
+def _outlines_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """(e) against (a) and (b) on the tasks Outlines could express; the ones it could not, by task."""
+    done = [r for r in runs if r.get("outlines") and "wall_s" in r["outlines"]]
+    if not any("outlines" in r for r in runs):
+        return {}
+    outlines_s = sum(r["outlines"]["wall_s"] for r in done)
+    ours = {key: sum(r[key]["wall_s"] for r in done) for key in ("target", "speculative")}
+    return {"outlines": {
+        "tasks": len(done), "wall_s": round(outlines_s, 3),
+        "tokens": sum(r["outlines"]["tokens"] for r in done),
+        "valid": sum(bool(r["outlines"]["valid"]) for r in done),
+        "our_valid_on_same": {k: sum(bool(r[k]["valid"]) for r in done) for k in ours},
+        "our_wall_s_on_same": {k: round(v, 3) for k, v in ours.items()},
+        "speedup_target_vs_outlines": round(outlines_s / ours["target"], 3) if ours["target"] else None,
+        "speedup_speculative_vs_outlines": round(outlines_s / ours["speculative"], 3) if ours["speculative"] else None,
+        "identical_text_to_target": sum(bool(r["outlines"].get("identical_text")) for r in done),
+        "unsupported": {str(r["task"]): r["outlines"]["unsupported"] for r in runs
+                        if r.get("outlines") and "unsupported" in r["outlines"]},
+    }}
 
 
 def _kind(task: dict[str, Any]) -> str:
