@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from .context import RewriteContext, all_of, any_of, conjoin, refuse
 from .disjoint import disjoint
-from .negation import negate
+from .negation import key_universe, negate
 
 #: ``oneOf`` branches whose pairwise exclusion is still attempted
 MAX_EXCLUSION_BRANCHES = 6
@@ -30,7 +30,7 @@ def rewrite_not(node: dict, ctx: RewriteContext) -> dict:
         return node
     inner = node.pop("not")
     ctx.fire("not")
-    return conjoin(node, negate(inner, ctx))
+    return conjoin(node, negate(inner, ctx, key_universe(node, ctx)))
 
 
 def rewrite_one_of(node: dict, ctx: RewriteContext) -> dict:
@@ -49,7 +49,8 @@ def rewrite_one_of(node: dict, ctx: RewriteContext) -> dict:
     ctx.fire("oneOf-exclusion")
     exclusive = []
     for i, branch in enumerate(branches):
-        others = [negate(branches[j], ctx) for j in range(n) if (min(i, j), max(i, j)) in overlaps]
+        keys = key_universe({"allOf": [node, branch]}, ctx)
+        others = [negate(branches[j], ctx, keys) for j in range(n) if (min(i, j), max(i, j)) in overlaps]
         exclusive.append(all_of([branch, *others]))
     return conjoin(node, any_of(exclusive))
 
@@ -69,11 +70,12 @@ def rewrite_conditional(node: dict, ctx: RewriteContext) -> dict:
     ctx.fire("if-then-else")
     if then is True and otherwise is True:
         return node
+    keys = key_universe(node, ctx)
     if otherwise is True:
-        return conjoin(node, any_of([negate(condition, ctx), then]))
+        return conjoin(node, any_of([negate(condition, ctx, keys), then]))
     if then is True:
         return conjoin(node, any_of([condition, otherwise]))
-    return conjoin(node, any_of([all_of([condition, then]), all_of([negate(condition, ctx), otherwise])]))
+    return conjoin(node, any_of([all_of([condition, then]), all_of([negate(condition, ctx, keys), otherwise])]))
 
 
 def rewrite_dependencies(node: dict, ctx: RewriteContext) -> dict:

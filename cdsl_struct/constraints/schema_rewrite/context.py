@@ -22,10 +22,16 @@ SINGLE = ("additionalProperties", "additionalItems", "items", "contains", "prope
 LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
 #: keywords whose value maps names to subschemas
 MAPS = ("properties", "patternProperties", "definitions", "$defs", "dependentSchemas")
-#: keywords that never change which instances are valid
-ANNOTATIONS = frozenset({
-    "title", "description", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly",
-    "$schema", "$id", "id", "$anchor", "contentMediaType", "contentEncoding", "example",
+#: every keyword that can change which instances are valid (in some draft); any other key is
+#: an annotation (``title``, ``definitions``, ``x-...``, ``_format``...)
+ASSERTIONS = frozenset({
+    "type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum",
+    "maxLength", "minLength", "pattern", "format", "items", "additionalItems", "prefixItems", "contains",
+    "minContains", "maxContains", "maxItems", "minItems", "uniqueItems", "maxProperties", "minProperties",
+    "required", "properties", "patternProperties", "additionalProperties", "propertyNames", "dependencies",
+    "dependentRequired", "dependentSchemas", "allOf", "anyOf", "oneOf", "not", "if", "then", "else", "$ref",
+    "$dynamicRef", "$recursiveRef", "unevaluatedItems", "unevaluatedProperties", "disallow", "extends",
+    "divisibleBy",
 })
 
 

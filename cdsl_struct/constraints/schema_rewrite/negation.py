@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .context import ANNOTATIONS, RewriteContext, Schema, all_of, any_of, refuse
+from ...errors import UnsupportedFeature
+from .context import ASSERTIONS, RewriteContext, Schema, all_of, any_of, refuse
 from .jsontypes import ALL_TYPES, type_of
 from .regexes import complement_of_strings, literal_alternatives
 
@@ -25,8 +26,13 @@ _TYPE_OF_KEYWORD = {
 _OBJECT_GROUP = ("properties", "patternProperties", "additionalProperties")
 
 
-def negate(schema: Schema, ctx: RewriteContext) -> Schema:
-    """A ``not``-free schema admitting exactly what ``schema`` (already normalised) rejects."""
+def negate(schema: Schema, ctx: RewriteContext, keys: frozenset[str] | None = None) -> Schema:
+    """A ``not``-free schema admitting exactly what ``schema`` (already normalised) rejects.
+
+    ``keys``: when the instance is known (from its context) to be an object only if its keys are
+    among these, "has a key outside ``properties``" is ``anyOf`` over the remaining ones; without
+    it that part of ``additionalProperties`` has no positive form.
+    """
     ctx.spend("not")
     if schema is True:
         return False
@@ -34,22 +40,22 @@ def negate(schema: Schema, ctx: RewriteContext) -> Schema:
         return True
     if not isinstance(schema, dict):
         raise refuse("not", f"cannot negate {schema!r}")
-    keys = [k for k in schema if k not in ANNOTATIONS]
+    keywords = [k for k in schema if k in ASSERTIONS and k not in ("then", "else")]
     branches: list[Schema] = []
     done: set[str] = set()
-    for key in keys:
+    for key in keywords:
         if key in done:
             continue
         if key in _OBJECT_GROUP:
             done.update(_OBJECT_GROUP)
-            branches.append(_negate_object_shape(schema, ctx))
+            branches.append(_negate_object_shape(schema, ctx, keys))
         else:
             done.add(key)
-            branches.append(_negate_keyword(key, schema[key], schema, ctx))
+            branches.append(_negate_keyword(key, schema[key], schema, ctx, keys))
     return any_of(branches)
 
 
-def _negate_keyword(key: str, value: Any, schema: dict, ctx: RewriteContext) -> Schema:
+def _negate_keyword(key: str, value: Any, schema: dict, ctx: RewriteContext, keys: frozenset[str] | None) -> Schema:
     if key == "type":
         return _negate_type({value} if isinstance(value, str) else set(value))
     if key == "enum":
@@ -71,15 +77,15 @@ def _negate_keyword(key: str, value: Any, schema: dict, ctx: RewriteContext) -> 
             raise refuse("not", f"needs the complement of the pattern {value!r}, which is not a literal")
         return {"type": "string", "pattern": complement_of_strings(words, "not", python_dollar=True)}
     if key == "allOf":
-        return any_of([negate(member, ctx) for member in value])
+        return any_of([negate(member, ctx, keys) for member in value])
     if key == "anyOf":
-        return all_of([negate(member, ctx) for member in value])
+        return all_of([negate(member, ctx, keys) for member in value])
     if key == "$ref":
         if value in ctx.negating:
             raise refuse("not", f"of the recursive reference {value!r} has no finite form")
         ctx.negating.add(value)
         try:
-            return negate(ctx.resolve(value, "not"), ctx)
+            return negate(ctx.resolve(value, "not"), ctx, keys)
         finally:
             ctx.negating.discard(value)
     if key == "items" and isinstance(value, (dict, bool)):
@@ -137,13 +143,42 @@ def _negate_bound(key: str, value: Any, schema: dict) -> Schema:
     return {"type": "number", opposite: value}
 
 
-def _negate_object_shape(schema: dict, ctx: RewriteContext) -> Schema:
-    """``not`` of ``properties`` (+ ``patternProperties``/``additionalProperties``)."""
-    if schema.get("patternProperties") or schema.get("additionalProperties", True) not in (True, {}):
+def _negate_object_shape(schema: dict, ctx: RewriteContext, keys: frozenset[str] | None) -> Schema:
+    """``not`` of ``properties`` (+ ``patternProperties``/``additionalProperties``): some declared
+    property violates its schema, or (``keys`` known) some other key violates ``additionalProperties``."""
+    extra = schema.get("additionalProperties", True)
+    declared = schema.get("properties") or {}
+    if schema.get("patternProperties") or extra not in (True, {}) and keys is None:
         raise refuse("not", "of `additionalProperties`/`patternProperties` needs `contains` over keys")
     branches = []
-    for name, sub in (schema.get("properties") or {}).items():
+    for name, sub in declared.items():
         negated = negate(sub, ctx)
         if negated is not False:
             branches.append({"type": "object", "required": [name], "properties": {name: negated}})
+    if extra not in (True, {}):
+        negated_extra = negate(extra, ctx)
+        for name in sorted((keys or frozenset()) - set(declared)):
+            branches.append({"type": "object", "required": [name], "properties": {name: negated_extra}}
+                            if negated_extra is not True else {"type": "object", "required": [name]})
     return any_of(branches)
+
+
+def key_universe(schema: Schema, ctx: RewriteContext, depth: int = 0) -> frozenset[str] | None:
+    """The keys an object valid under ``schema`` can have, when ``schema`` bounds them
+    (``additionalProperties: false`` without ``patternProperties``, here or in ``allOf``/``$ref``)."""
+    if not isinstance(schema, dict) or depth > 4:
+        return None
+    found: list[frozenset[str]] = []
+    if schema.get("additionalProperties") is False and not schema.get("patternProperties"):
+        found.append(frozenset(schema.get("properties") or {}))
+    parts = list(schema.get("allOf") or [])
+    if "$ref" in schema:
+        try:
+            parts.append(ctx.resolve(schema["$ref"], "not"))
+        except UnsupportedFeature:
+            pass  # an unreadable part only leaves the universe wider: still sound
+    for part in parts:
+        inner = key_universe(part, ctx, depth + 1)
+        if inner is not None:
+            found.append(inner)
+    return frozenset.intersection(*found) if found else None
