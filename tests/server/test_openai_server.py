@@ -245,7 +245,7 @@ def test_n_choices_are_rows_of_one_batch(client):
 
 
 def test_logprobs_are_of_the_masked_distribution(client):
-    answer = ask(client, "Is the sky blue?", max_tokens=4, logprobs=True, top_logprobs=3,
+    answer = ask(client, "Is the sky blue?", max_tokens=4, logprobs=True, top_logprobs=6,
                  extra_body={"choices": ["yes", "no"]})
     content = answer.choices[0].logprobs.content
     assert "".join(entry.token for entry in content) == answer.choices[0].message.content
