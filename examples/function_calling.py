@@ -4,7 +4,8 @@ Tools are plain functions with type hints and docstrings (``tool_from_function``
 OpenAI tool dicts; OpenAI dicts work too). The call is constrained to a known tool with
 arguments valid under its parameters schema, parsed into ``ToolCall(name, arguments)``.
 ``tool_choice``: ``"auto"`` (text or a call), ``"required"``, ``"none"`` or a tool's name;
-``parallel_tool_calls=True`` allows several calls. Run: ``.venv/bin/python examples/function_calling.py``.
+``parallel_tool_calls`` (default true, as in OpenAI) allows several calls.
+Run: ``.venv/bin/python examples/function_calling.py``.
 """
 
 from __future__ import annotations
