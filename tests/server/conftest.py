@@ -12,15 +12,16 @@ SERVER_EXTRA = "needs the server extra: pip install 'cdsl_struct[server]'"
 
 
 @contextmanager
-def running_server(app) -> Iterator[str]:
-    """Serve ``app`` on 127.0.0.1 (a port picked by the OS); yield its base URL ``http://127.0.0.1:P/v1``."""
+def running_server(app, **config) -> Iterator[str]:
+    """Serve ``app`` on 127.0.0.1 (a port picked by the OS); yield its base URL ``http://127.0.0.1:P/v1``.
+    ``config``: more ``uvicorn.Config`` options."""
     import uvicorn
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", **config))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -330,3 +330,21 @@ def test_metrics_and_api_key():
     assert 'cdsl_requests_total{route="/v1/chat/completions",status="401"} 1.0' in metrics
     assert 'cdsl_requests_total{route="/v1/chat/completions",status="200"} 1.0' in metrics
     assert "cdsl_completion_tokens_total 5.0" in metrics and "cdsl_time_to_first_token_seconds_count 1.0" in metrics
+
+
+def test_shutdown_cancels_what_outlives_the_grace_period():
+    from cdsl_struct.server import create_app
+
+    generator = FakeGenerator()
+    generator.cancelled = None
+    with ThreadPoolExecutor(1) as pool:
+        with running_server(create_app(generator), timeout_graceful_shutdown=1) as base_url:
+            pending = pool.submit(chat, client_for(base_url, timeout=30), "slow")
+            assert generator.started.wait(10)
+        started = time.monotonic()  # the server has stopped: within the grace period plus a step
+        while generator.cancelled is None:
+            assert time.monotonic() - started < 5, "shutdown did not cancel the running request"
+            time.sleep(0.02)
+        assert generator.cancelled
+        with pytest.raises(Exception):  # noqa: B017 - the client sees its connection end, whichever way
+            pending.result(30)
