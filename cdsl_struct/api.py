@@ -62,7 +62,7 @@ Emit = Callable[[str], None]
 class _Request:
     """One ``generate`` call, resolved: what to decode under, how, and for how long."""
 
-    answer: CompiledConstraint
+    compiled: CompiledConstraint
     method: str
     params: SamplingParams
     max_tokens: int
@@ -296,7 +296,7 @@ class Generator:
 
     def _decode(self, request: _Request, prompt: list[int], emit: Emit | None,
                 cancel: threading.Event | None) -> Result:
-        compiled = request.answer
+        compiled = request.compiled
         on_tokens = None
         if emit is not None:
             deltas, holdback = TextDeltas(self.vocabulary), StopHoldback(request.stop)
