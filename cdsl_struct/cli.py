@@ -76,6 +76,13 @@ def main(argv: list[str] | None = None) -> int:
     served.add_argument("--label", default="", help="name of the server in the table")
     served.add_argument("--json", dest="json_out", help="write rows and summary here")
 
+    tools = bench.add_parser("tools", help="tool calls with client-style schemas: objects closed (default) "
+                                           "vs decoded as given")
+    tools.add_argument("--model", default="smollm2")
+    tools.add_argument("--requests", type=int, default=8)
+    tools.add_argument("--max-tokens", type=int, default=64)
+    tools.add_argument("--json", dest="json_out", help="write rows and summary here")
+
     steps = bench.add_parser("steps", help="what one forward pass costs: single-row variants, rows x positions grid")
     steps.add_argument("--model", default="smollm2")
     steps.add_argument("--device", default="auto")
@@ -144,6 +151,12 @@ def main(argv: list[str] | None = None) -> int:
         return _json_keywords(args)
     if args.command == "bench" and args.bench == "serve":
         return _serve_bench(args)
+    if args.command == "bench" and args.bench == "tools":
+        from .bench.tool_calls import ToolBenchConfig, format_tool_table, run_tool_bench
+
+        report = run_tool_bench(ToolBenchConfig(model=args.model, requests=args.requests,
+                                                max_tokens=args.max_tokens))
+        return _report(report, format_tool_table(report), args.json_out)
     if args.command == "bench" and args.bench == "steps":
         from .bench.step_cost import StepCostConfig, format_table, run_step_cost
 
@@ -236,6 +249,8 @@ def _commongen_arguments(gen: argparse.ArgumentParser) -> None:
     gen.add_argument("--sentence", default=c.sentence, choices=["words", "loose"],
                      help="hard constraint: a sentence of listed whole words, or the loose letters regex "
                           f"(default {c.sentence})")
+    gen.add_argument("--word-list-size", type=int, default=c.word_list_size,
+                     help=f"'words' sentence: the most frequent English words allowed (default {c.word_list_size})")
     gen.add_argument("--max-repeats", type=int, default=c.max_repeats,
                      help=f"reward: occurrences of a keyword beyond this count against it (default {c.max_repeats})")
     gen.add_argument("--cdsl-temperature", type=float, default=c.cdsl_temperature,
@@ -274,7 +289,7 @@ def _commongen_config(args: argparse.Namespace) -> object:
 
     return CommonGenConfig(
         limit=args.limit, seed=args.seed, split=args.split, shard=args.shard, sentence=args.sentence,
-        max_repeats=args.max_repeats,
+        word_list_size=args.word_list_size, max_repeats=args.max_repeats,
         cdsl_temperature=args.cdsl_temperature, methods=tuple(args.methods.split(",")), max_tokens=args.max_tokens,
         k=args.k, d=args.d, lam=args.lam, optimism=args.optimism, cdsl_d=args.cdsl_d,
         acceptance_threshold=args.a_t, reward_threshold=args.r_t, fallback=args.fallback,
