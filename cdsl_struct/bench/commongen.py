@@ -35,7 +35,7 @@ from ..models.runner import ModelRunner, self_draft
 from ..rewards import KeywordCoverage
 from . import quality
 from .maskbench import read_jsonl
-from .sentence import LOOSE_SENTENCE, real_word_share, sentence_grammar
+from .sentence import LOOSE_SENTENCE, WORD_LIST_SIZE, real_word_share, sentence_grammar
 
 PROMPT = "Write one short, natural sentence that uses all of these words: {words}."
 METHODS = ("greedy", "cdlh", "cdsl")
@@ -52,6 +52,8 @@ class CommonGenConfig:
     their reports with ``merge_reports``)."""
     methods: tuple[str, ...] = METHODS
     sentence: str = "words"
+    word_list_size: int = WORD_LIST_SIZE
+    """How many of ``wordfreq``'s most frequent words the ``"words"`` sentence allows (plus the keywords)."""
     max_repeats: int = 2
     max_tokens: int = 48
     k: int = 5
@@ -128,7 +130,7 @@ def sentence_constraint(config: CommonGenConfig, tokenizer: Any, eos_token_ids: 
     holds every keyword's inflections), or the loose regex."""
     if config.sentence == "loose":
         return compile(Regex(LOOSE_SENTENCE), tokenizer, eos_token_ids=eos_token_ids)
-    return compile(Grammar(sentence_grammar(keywords)), tokenizer, backend="llguidance",
+    return compile(Grammar(sentence_grammar(keywords, config.word_list_size)), tokenizer, backend="llguidance",
                    eos_token_ids=eos_token_ids, timeout=120.0)
 
 

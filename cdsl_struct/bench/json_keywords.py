@@ -66,9 +66,11 @@ def string_values(value: Any) -> list[str]:
     return []
 
 
-def run_json_keywords(data: str | Path, config: JsonKeywordsConfig, progress: bool = True,
-                      schema: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Decode every case with each method under the schema, steered by keyword coverage."""
+def run_json_keywords(data: str | Path | None, config: JsonKeywordsConfig, progress: bool = True,
+                      schema: dict[str, Any] | None = None,
+                      cases: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Decode every case with each method under the schema, steered by keyword coverage.
+    ``cases`` (``{"concepts": [...]}`` each) replaces reading ``data``."""
     import tqdm
 
     schema = schema or LISTING_SCHEMA
@@ -78,7 +80,10 @@ def run_json_keywords(data: str | Path, config: JsonKeywordsConfig, progress: bo
     target = ModelRunner(loaded.model)
     draft_runner = ModelRunner(self_draft(loaded.model, decoding.draft), name=decoding.draft)
     compiled = compile(JsonSchema(schema), tokenizer, eos_token_ids=loaded.eos_token_ids, backend="llguidance")
-    cases = load_cases(data, config.limit, config.seed, config.split)
+    if cases is None:
+        if data is None:
+            raise ValueError("give a CommonGen file (data) or the cases")
+        cases = load_cases(data, config.limit, config.seed, config.split)
     rows: dict[str, list[dict[str, Any]]] = {m: [] for m in config.methods}
     states: dict[str, Counter] = {m: Counter() for m in config.methods}
     for case in tqdm.tqdm(cases, disable=not progress, unit="case"):
@@ -107,11 +112,11 @@ def run_json_keywords(data: str | Path, config: JsonKeywordsConfig, progress: bo
                                  "draft_passes": result.stats.draft_passes})
             if isinstance(strategy, CDSL):
                 states[method].update(strategy.states)
-    return _report(rows, states, config)
+    return _report(rows, states, config, schema)
 
 
 def _report(rows: dict[str, list[dict[str, Any]]], states: dict[str, Counter],
-            config: JsonKeywordsConfig) -> dict[str, Any]:
+            config: JsonKeywordsConfig, schema: dict[str, Any]) -> dict[str, Any]:
     methods = {}
     for method, cases in rows.items():
         n = max(len(cases), 1)
@@ -132,7 +137,7 @@ def _report(rows: dict[str, list[dict[str, Any]]], states: dict[str, Counter],
             "states": {s: states[method].get(s, 0) for s in CDSL_STATES} if method == "cdsl" else {},
             "outputs": cases,
         }
-    report: dict[str, Any] = {"methods": methods, "schema": LISTING_SCHEMA,
+    report: dict[str, Any] = {"methods": methods, "schema": schema,
                               "config": {k: v for k, v in vars(config).items() if k != "decoding"}}
     if "cdsl" in methods and "cdlh" in methods:
         report["speedup_cdsl_vs_cdlh"] = round(methods["cdlh"]["wall_s"] / max(methods["cdsl"]["wall_s"], 1e-9), 3)
