@@ -6,13 +6,15 @@ import json
 
 import pytest
 import torch
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 import cdsl_struct as cs
 from cdsl_struct.integrations.transformers_processor import ConstraintLogitsProcessor, constrained
 
 
 class City(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # additionalProperties: false, so the object can end
+
     name: str = Field(max_length=12)
     country: str = Field(max_length=12)
 
