@@ -1,6 +1,7 @@
 """``cdsl-struct bench tools``: tool calls with schemas as clients write them (no
 ``additionalProperties``), decoded with objects closed to undeclared keys (the default) and
-exactly as given (``extra_properties=True``), side by side in one run.
+exactly as given (``extra_properties=True``), each with parallel calls allowed (OpenAI's default)
+and with one call only, side by side in one run.
 
 Each request asks for one call (``tool_choice="required"``) of one of a few everyday tools whose
 parameters schemas look like LangChain ``@tool`` / MCP schemas. Reported per setting: calls
@@ -58,12 +59,16 @@ def run_tool_bench(config: ToolBenchConfig, loaded: Any = None) -> dict[str, Any
     loaded = loaded or load_model(config.model)
     prompts = [REQUESTS[i % len(REQUESTS)] for i in range(config.requests)]
     summary, rows = {}, []
-    for name, extra in (("closed (default)", False), ("as given", True)):
+    settings = [(f"{objects}, {calls}", extra, parallel)
+                for objects, extra in (("closed (default)", False), ("as given", True))
+                for calls, parallel in (("parallel calls (default)", True), ("one call", False))]
+    for name, extra, parallel in settings:
         generator = Generator(loaded, draft="auto", extra_properties=extra)
+        options = {"tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": parallel}
         try:
-            generator.generate(prompts[0], tools=TOOLS, tool_choice="required", max_tokens=8)  # compile, warm
+            generator.generate(prompts[0], max_tokens=8, **options)  # compile, warm
             started = time.perf_counter()
-            results = generator.generate(prompts, tools=TOOLS, tool_choice="required", max_tokens=config.max_tokens)
+            results = generator.generate(prompts, max_tokens=config.max_tokens, **options)
             wall = time.perf_counter() - started
         finally:
             generator.close()
@@ -89,7 +94,7 @@ def _declared(name: str) -> list[str]:
 
 def format_tool_table(report: dict[str, Any]) -> str:
     """The two settings as a markdown table."""
-    lines = ["| objects | requests | complete calls | lost to max_tokens | calls with undeclared keys | mean tokens "
+    lines = ["| objects, calls | requests | complete calls | lost to max_tokens | calls with undeclared keys | mean tokens "
              "| wall s |", "|---|---:|---:|---:|---:|---:|---:|"]
     for name, s in report["summary"].items():
         lines.append(f"| {name} | {s['requests']} | {s['complete']} | {s['lost_to_max_tokens']} | "
