@@ -93,9 +93,9 @@ def _declared(name: str) -> list[str]:
 
 
 def format_tool_table(report: dict[str, Any]) -> str:
-    """The two settings as a markdown table."""
-    lines = ["| objects, calls | requests | complete calls | lost to max_tokens | calls with undeclared keys | mean tokens "
-             "| wall s |", "|---|---:|---:|---:|---:|---:|---:|"]
+    """The settings as a markdown table."""
+    lines = ["| objects, calls | requests | complete calls | lost to max_tokens | calls with undeclared keys "
+             "| mean tokens | wall s |", "|---|---:|---:|---:|---:|---:|---:|"]
     for name, s in report["summary"].items():
         lines.append(f"| {name} | {s['requests']} | {s['complete']} | {s['lost_to_max_tokens']} | "
                      f"{s['calls_with_undeclared_keys']} | {s['mean_tokens']} | {s['wall_s']} |")
