@@ -10,6 +10,7 @@ every dev-data case the rewriter changes (``cdsl-struct bench fuzz-rewrite``); t
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 import warnings
@@ -193,7 +194,9 @@ def instance_strategy(original: Any, rewritten: Any) -> Any:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                strategy = build(schema, custom_formats=None, alphabet=alphabet)
+                # a copy: hypothesis-jsonschema canonicalises in place (enum [x] -> const x,
+                # which a draft-04 reader would then ignore)
+                strategy = build(copy.deepcopy(schema), custom_formats=None, alphabet=alphabet)
             strategy.validate()
             sources.append(strategy)
         except Exception:  # noqa: BLE001 - it cannot draw from some schemas (recursive refs...); others fuzz
