@@ -34,16 +34,12 @@ from typing import Any
 
 import jsonschema
 
-from ..constraints import compile
+from ..constraints import WhitespacePolicy, compile
 from ..constraints.canonical import CanonicalFilter, with_canonical_tokens
 from ..errors import CompileError
 from .quality_tasks import Path_, Task, build_tasks
 
-NEWLINES = "newlines"
-POLICIES = {"compact": "compact", "spaced": "spaced", "flexible": "flexible", NEWLINES: r"(?:\n[ ]{0,8}|[ ])?"}
-"""Named whitespace policies of the bench; ``newlines`` lets the model lay JSON out on lines
-(one newline and up to 8 spaces of indent, or one space, per slot: bounded)."""
-DEFAULT_SETTINGS = ("free", "compact", "spaced", "flexible", NEWLINES, "compact+canonical", "flexible+canonical")
+DEFAULT_SETTINGS = ("free", "compact", "spaced", "flexible", "newlines", "compact+canonical", "flexible+canonical")
 TOKEN_BUDGET = 1.10
 
 
@@ -74,6 +70,8 @@ class Answer:
     canonical_pairs_broken: int
     mask_seconds: float
     finish_reason: str = ""
+    compact_tokens: int = 0
+    """Tokens of the answer's value re-serialised compactly (valid extraction answers only)."""
 
 
 @dataclass
@@ -81,6 +79,7 @@ class SettingRun:
     name: str
     answers: list[Answer] = field(default_factory=list)
     wall_seconds: float = 0.0
+    canonical_check_seconds: float = 0.0
 
 
 def parse_setting(name: str) -> tuple[str | None, bool]:
@@ -92,7 +91,8 @@ def parse_setting(name: str) -> tuple[str | None, bool]:
         if extra:
             raise ValueError("free generation has no token boundaries to keep canonical")
         return None, False
-    return POLICIES.get(base, base), bool(extra)
+    WhitespacePolicy.parse(base)  # a bad or unbounded pattern fails here, before any decoding
+    return base, bool(extra)
 
 
 # --- scoring ------------------------------------------------------------------------------------
@@ -209,10 +209,15 @@ def answer_all(generator: Any, tasks: list[Task], config: QualityConfig, *, cons
         valid, correct = score(task, result.text, constrained)
         if constrained:
             valid = valid and result.complete
+        compact = 0
+        if valid and task.kind == "extract":
+            value = _loads(result.text) if constrained else first_json_object(result.text)
+            compact_text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+            compact = len(tokenizer.encode(compact_text, add_special_tokens=False))
         return Answer(task, result.text, valid, correct, len(tokens),
                       len(tokenizer.encode(result.text, add_special_tokens=False)),
                       sum(not canonical.is_canonical_pair(p, t) for p, t in zip(tokens, tokens[1:], strict=False)),
-                      result.stats.mask_seconds, result.finish_reason)
+                      result.stats.mask_seconds, result.finish_reason, compact)
 
     with ThreadPoolExecutor(config.concurrency, thread_name_prefix="quality") as pool:
         return list(pool.map(one, tasks))
@@ -249,9 +254,10 @@ def run_quality(data_dir: str | Path, config: QualityConfig, progress: bool = Tr
                     todo = [t for t in chunk if t.kind == "extract" or t.id not in done]
                 if progress:
                     print(f"[quality] {config.split} chunk {number + 1}/{len(chunks)}: {name}", flush=True)
-                start = time.perf_counter()
+                start, checked = time.perf_counter(), canonical.check_seconds
                 answers = answer_all(generator, todo, config, constrained=pattern is not None, canonical=canonical)
                 runs[name].wall_seconds += time.perf_counter() - start
+                runs[name].canonical_check_seconds += canonical.check_seconds - checked
                 if pattern is not None:
                     done.update((a.task.id, a) for a in answers if a.task.kind != "extract")
                     answers = [a for a in answers if a.task.kind == "extract"]
@@ -332,7 +338,8 @@ def summarize(runs: dict[str, SettingRun], config: QualityConfig) -> dict[str, A
     baseline = runs.get("free")
     table: dict[str, Any] = {}
     for name, run in runs.items():
-        row: dict[str, Any] = {"wall_s": round(run.wall_seconds, 1)}
+        row: dict[str, Any] = {"wall_s": round(run.wall_seconds, 1),
+                               "canonical_first_use_s": round(run.canonical_check_seconds, 2)}
         for kind in (None, "extract", "choice", "regex"):
             answers = [a for a in run.answers if kind is None or a.task.kind == kind]
             if not answers:
@@ -352,7 +359,13 @@ def summarize(runs: dict[str, SettingRun], config: QualityConfig) -> dict[str, A
                 "mask_ms_per_token": round(1000 * sum(a.mask_seconds for a in answers)
                                            / max(1, sum(a.tokens for a in answers)), 4),
                 "length_cut": sum(a.finish_reason == "length" for a in answers),
+                "valid_finished": round(sum(a.valid for a in answers if a.finish_reason == "stop")
+                                        / max(1, sum(a.finish_reason == "stop" for a in answers)), 4),
             }
+            paired = [a for a in answers if a.compact_tokens]
+            if paired:
+                entry["tokens_vs_compact_form"] = round(sum(a.tokens for a in paired)
+                                                        / sum(a.compact_tokens for a in paired), 4)
             if baseline is not None and name != "free":
                 by_id = {a.task.id: a for a in baseline.answers}
                 if all(a.task.id in by_id for a in answers):
@@ -367,17 +380,17 @@ def summarize(runs: dict[str, SettingRun], config: QualityConfig) -> dict[str, A
 
 
 def choose_default(table: dict[str, Any]) -> str | None:
-    """The most accurate constrained whitespace policy (extraction) within the token budget:
-    at most ``TOKEN_BUDGET`` times the tokens per answer of ``compact``; ties go to fewer tokens."""
-    compact = table.get("compact", {}).get("extract")
+    """The most accurate constrained whitespace policy (extraction) within the token budget: its
+    answers take at most ``TOKEN_BUDGET`` times the tokens of the same values written compactly
+    (``tokens_vs_compact_form``); ties go to fewer tokens."""
     candidates = []
     for name, row in table.items():
         entry = row.get("extract")
         if name == "free" or "+" in name or entry is None:
             continue
-        if compact and entry["tokens_per_answer"] > TOKEN_BUDGET * compact["tokens_per_answer"]:
+        if entry.get("tokens_vs_compact_form", 1.0) > TOKEN_BUDGET:
             continue
-        candidates.append((-entry["accuracy"], entry["tokens_per_answer"], name))
+        candidates.append((-entry["accuracy"], entry.get("tokens_vs_compact_form", 1.0), name))
     return min(candidates)[2] if candidates else None
 
 
@@ -385,7 +398,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     """A text table of one run."""
     lines = [f"bench quality, split {summary['split']} ({summary['cases']} cases)",
              f"{'setting':<22}{'kind':<9}{'n':>4}{'acc':>7}  {'ci95':<15}{'d vs free [ci95]':<26}{'valid':>6}"
-             f"{'tok':>7}{'retok':>7}{'noncan':>7}{'mask ms/tok':>12}{'wall s':>8}"]
+             f"{'cut':>4}{'tok':>7}{'retok':>7}{'/cmp':>6}{'noncan':>7}{'mask ms/tok':>12}{'wall s':>8}"]
     for name, row in summary["settings"].items():
         for kind in ("extract", "choice", "regex", "all"):
             e = row.get(kind)
@@ -395,10 +408,14 @@ def format_summary(summary: dict[str, Any]) -> str:
             delta_text = f"{delta[0]:+.3f} [{delta[1]:+.3f},{delta[2]:+.3f}]" if delta else ""
             lines.append(f"{name:<22}{kind:<9}{e['fields']:>4}{e['accuracy']:>7.3f}  "
                          f"[{e['ci95'][0]:.3f},{e['ci95'][1]:.3f}]  {delta_text:<26}{e['valid']:>6.2f}"
-                         f"{e['tokens_per_answer']:>7.1f}{e['retokenized_per_answer']:>7.1f}"
+                         f"{e['length_cut']:>4}{e['tokens_per_answer']:>7.1f}{e['retokenized_per_answer']:>7.1f}"
+                         f"{e.get('tokens_vs_compact_form', float('nan')):>6.2f}"
                          f"{e['non_canonical_outputs']:>7.2f}{e['mask_ms_per_token']:>12.3f}"
                          f"{row['wall_s'] if kind == 'all' else '':>8}")
-    lines.append(f"chosen default whitespace (most accurate within {TOKEN_BUDGET:.2f}x compact tokens): "
+    first_use = {n: r["canonical_first_use_s"] for n, r in summary["settings"].items() if r["canonical_first_use_s"]}
+    if first_use:
+        lines.append(f"canonical filter, first use per previous token (in the mask time above): {first_use} s")
+    lines.append(f"chosen default whitespace (most accurate within {TOKEN_BUDGET:.2f}x the compact form's tokens): "
                  f"{summary['chosen_default']}")
     if summary.get("dropped_tasks"):
         lines.append(f"dropped (a setting could not compile): {len(summary['dropped_tasks'])}")
@@ -423,12 +440,17 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--concurrency", type=int, default=defaults.concurrency, help="rows decoded together")
     parser.add_argument("--draft", default=defaults.draft, help="the Generator's draft (default auto: prompt lookup)")
     parser.add_argument("--model", default=defaults.model)
+    parser.add_argument("--threads", type=int, help="torch threads (1 suits a shared machine)")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--json", dest="json_out", help="write the summaries and every answer here")
 
 
 def run_from_args(args: Any) -> tuple[dict[str, Any], str]:
     """Run ``bench quality`` as the command line asked; return (report, printed table)."""
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     settings = tuple(s for s in args.settings.split(",") if s)
     for name in settings:
         parse_setting(name)

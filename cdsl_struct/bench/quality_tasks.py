@@ -31,12 +31,12 @@ MAX_SCHEMA_CHARS = 800
 PROSE_KEYWORDS = frozenset({"description", "title", "$schema", "$id", "examples", "$comment"})
 MAX_VALUE_CHARS = 40
 MIN_FIELDS, MAX_FIELDS = 2, 6
-INTEGER = r"-?[0-9]+"
+INTEGER = r"-?[0-9]{1,15}"
 DATE = r"[0-9]{4}-[0-9]{2}-[0-9]{2}"
 TEMPLATES = ("The {key} is {value}.", "Its {key} is {value}.", "The value of {key} is {value}.")
 
-EXTRACT_PROMPT = ("Read the text and write the JSON object that matches this JSON Schema, with the values the "
-                  "text states.\nSchema: {schema}\nText: {text}\nAnswer with the JSON object only.")
+EXTRACT_PROMPT = ("Text: {text}\nWrite the values the text states as one JSON object with these keys: {keys}.\n"
+                  "Answer with the JSON object only.")
 CHOICE_PROMPT = "Text: {text}\nQuestion: what is the {key}? Choose one of: {options}.\nAnswer with the option only."
 REGEX_PROMPT = "Text: {text}\nQuestion: what is the {key}? Answer with the {kind} only."
 
@@ -140,6 +140,23 @@ def schema_for_prompt(schema: Any) -> Any:
     return schema
 
 
+def describe_keys(schema: dict[str, Any], data: dict[str, Any], prefix: Path_ = ()) -> str:
+    """The instance's keys with their schema types, e.g. ``name (string), size (object: w (number))``.
+
+    Prompts name the keys rather than show the whole schema: shown a JSON Schema, the embedded
+    135M model copies the schema instead of filling it in, free or constrained."""
+    parts = []
+    for key, value in data.items():
+        sub = _subschema(schema, (*prefix, key)) or {}
+        kind = sub.get("type")
+        kind = next((k for k in kind if k != "null"), None) if isinstance(kind, list) else kind
+        if isinstance(value, dict):
+            parts.append(f"{key} (object: {describe_keys(schema, value, (*prefix, key))})")
+        else:
+            parts.append(f"{key} ({kind})" if isinstance(kind, str) else key)
+    return ", ".join(parts)
+
+
 def tasks_for_case(case: dict[str, Any], kinds: tuple[str, ...]) -> list[Task]:
     """The tasks one MaskBench case gives (none when it has no usable instance)."""
     schema_text = json.dumps(schema_for_prompt(case["schema"]), ensure_ascii=False)
@@ -154,7 +171,8 @@ def tasks_for_case(case: dict[str, Any], kinds: tuple[str, ...]) -> list[Task]:
     source = case["id"].split("---")[0].split("_")[0]
     tasks: list[Task] = []
     if "extract" in kinds:
-        tasks.append(Task(f"{case['id']}#extract", "extract", EXTRACT_PROMPT.format(schema=schema_text, text=text),
+        prompt = EXTRACT_PROMPT.format(text=text, keys=describe_keys(case["schema"], data))
+        tasks.append(Task(f"{case['id']}#extract", "extract", prompt,
                           case["schema"], dict(values), source))
     paths = list(values)
     rng.shuffle(paths)

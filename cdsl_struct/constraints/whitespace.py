@@ -6,7 +6,12 @@ allows a bounded amount between JSON tokens:
 - ``"compact"``: none at all (``{"a":1,"b":[2,3]}``);
 - ``"spaced"``: exactly Python's ``json.dumps`` separators ``", "`` and ``": "`` and nothing else;
 - ``"flexible"``: at most one space at every place JSON allows whitespace;
+- ``"newlines"``: at every such place, nothing, one space, or a newline and up to 8 spaces of
+  indent (JSON laid out on lines, as models often write it);
 - any other string is a regex for one whitespace slot, e.g. ``"[ \\n]{0,2}"``; it must be bounded.
+
+``DEFAULT_WHITESPACE`` is the policy the library uses when none is given; ``cdsl-struct bench
+quality`` measures the candidates (BENCHMARKS.md says why this one).
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ except ImportError:  # pragma: no cover - Python 3.10
     import sre_parse  # type: ignore[no-redef]
 
 _WHITESPACE_CHARS = set(" \t\n\r")
+NEWLINES_PATTERN = r"(?:\n[ ]{0,8}|[ ])?"
+NAMED_POLICIES = ("compact", "spaced", "flexible", "newlines")
+DEFAULT_WHITESPACE = "compact"
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,8 @@ class WhitespacePolicy:
             return cls("spaced", item_separator=", ", key_separator=": ")
         if value == "flexible":
             return cls("flexible", pattern="[ ]?")
+        if value == "newlines":
+            return cls("newlines", pattern=NEWLINES_PATTERN)
         _check_bounded_whitespace(value)
         return cls("pattern", pattern=value)
 
