@@ -1,4 +1,4 @@
-"""Outlines output types as constraints: ``Literal``, ``Enum``, pydantic, ``int`` and Outlines' own types.
+"""Outlines output types as constraints: ``Literal``, ``Enum``, pydantic, ``bool`` and Outlines' own types.
 
 ``cdsl_struct.integrations.outlines_types.to_spec`` turns what an Outlines user passes as an output
 type into our spec, with the meaning Outlines gives it; ``compile()`` takes them as they are.
@@ -34,11 +34,11 @@ def cases() -> list[tuple[str, object]]:
     found = [("Is water wet? Answer yes or no.", Literal["yes", "no"]),
              ("How does a sunny day make you feel?", Mood),
              ("Describe a dog called Rex as JSON with name and legs.", Pet),
-             ("How many days are in a week?", int)]
+             ("Is the Earth round? Answer True or False.", bool)]
     try:
         from outlines import types
 
-        found.append(("Write an email address for Ann at example.com.", types.email))
+        found.append(("Write the date of 14 March 2025 as YYYY-MM-DD.", types.date))
         found.append(("Write the IP address of localhost.", types.ipv4))
     except ImportError:
         print("(outlines not installed: its own types are skipped)")
