@@ -110,7 +110,7 @@ def test_rule_catches_a_wrong_rewrite():
     """The fuzzing sees a rewrite that is off by one value (so a passing rule test means something)."""
     schema = {"type": "object", "properties": {"a": {"not": {"enum": ["x", "yz", 3]}}}}
     wrong = {"type": "object", "properties": {"a": {"not": {"enum": ["x", "yz"]}}}}
-    assert compare(schema, wrong, examples=EXAMPLES)["mismatches"]
+    assert compare(schema, wrong, examples=150)["mismatches"]
 
 
 def test_schema_the_engine_reads_is_left_alone():
