@@ -34,7 +34,9 @@ class OutlinesBaseline:
         self.unsupported: dict[str, str] = {}
 
     def output_type(self, spec: Any) -> Any:
-        """The Outlines output type for one of our specs."""
+        """The Outlines output type for one of our specs (None: free text, no output type)."""
+        if spec is None:
+            return None
         types = self._outlines.types
         if spec.kind == "json_schema":
             return types.JsonSchema(json.dumps(spec.schema), whitespace_pattern=self.whitespace)
@@ -48,28 +50,33 @@ class OutlinesBaseline:
 
     def prepare(self, spec: Any) -> bool:
         """Build (once) the generator for ``spec``; False, with the reason kept, where Outlines cannot."""
-        if spec.key in self._generators:
+        key = _key(spec)
+        if key in self._generators:
             return True
-        if spec.key in self.unsupported:
+        if key in self.unsupported:
             return False
         try:
-            self._generators[spec.key] = self._outlines.Generator(self.model, self.output_type(spec))
+            self._generators[key] = self._outlines.Generator(self.model, self.output_type(spec))
         except Exception as exc:  # noqa: BLE001 - any failure of Outlines to build it is "cannot express"
-            self.unsupported[spec.key] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}"
+            self.unsupported[key] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}"
             return False
         return True
+
+    def reason(self, spec: Any) -> str | None:
+        """Why Outlines could not take ``spec`` (None if it could)."""
+        return self.unsupported.get(_key(spec))
 
     def warm_up(self, spec: Any, prompt: str) -> None:
         """One short untimed generation (Outlines compiles its mask kernel on the first)."""
         if self.prepare(spec):
-            self._generators[spec.key](prompt, max_new_tokens=2, do_sample=False)
+            self._generators[_key(spec)](prompt, max_new_tokens=2, do_sample=False)
 
     def generate(self, spec: Any, prompt: str, max_tokens: int) -> dict[str, Any] | None:
         """Greedy output for one chat-formatted ``prompt`` and its wall time; None if unsupported."""
         if not self.prepare(spec):
             return None
         start = time.perf_counter()
-        text = self._generators[spec.key](prompt, max_new_tokens=max_tokens, do_sample=False)
+        text = self._generators[_key(spec)](prompt, max_new_tokens=max_tokens, do_sample=False)
         wall = time.perf_counter() - start
         return {"text": text, "wall_s": round(wall, 4), "tokens": self._count(text)}
 
@@ -78,7 +85,7 @@ class OutlinesBaseline:
         if not self.prepare(spec):
             return None
         start = time.perf_counter()
-        texts = self._generators[spec.key].batch(prompts, max_new_tokens=max_tokens, do_sample=False)
+        texts = self._generators[_key(spec)].batch(prompts, max_new_tokens=max_tokens, do_sample=False)
         wall = time.perf_counter() - start
         return {"texts": texts, "wall_s": round(wall, 4), "tokens": sum(self._count(t) for t in texts)}
 
@@ -90,3 +97,7 @@ def chat_text(tokenizer: Any, prompt: str) -> str:
     """The prompt as the chat template writes it (Outlines takes text; the same ids as ours)."""
     return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                          tokenize=False)
+
+
+def _key(spec: Any) -> str:
+    return "free" if spec is None else spec.key

@@ -256,7 +256,7 @@ def _outlines_run(baseline: Any, task: dict[str, Any], spec: Any, tokenizer: Any
 
     run = baseline.generate(spec, chat_text(tokenizer, task["prompt"]), max_tokens)
     if run is None:
-        return {"unsupported": baseline.unsupported.get(spec.key, "cannot express")}
+        return {"unsupported": baseline.reason(spec) or "cannot express"}
     run["valid"] = output_valid(task, run["text"])
     return run
 

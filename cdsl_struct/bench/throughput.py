@@ -8,8 +8,11 @@ request's end, queueing included), target forward passes, the engine's counters,
 and the share of requests whose tokens equal the B=1 run's (batch invariance; B=1 itself is
 checked against the single-sequence ``decode`` on a few requests). Beside it: the same prompts
 unconstrained (free text, no drafts) at the largest B, against the constrained run as served and
-with no proposers at all (masks only), and ``transformers`` ``generate`` one
-request at a time with an outlines-core logits processor. Constraints compile before timing.
+with no proposers at all (masks only), ``transformers`` ``generate`` one request at a time with
+an outlines-core logits processor, and the ``outlines`` package itself (extra ``outlines``):
+``outlines.Generator(...).batch`` over all requests that share a constraint, one padded
+``generate`` per constraint, same model object, prompts and constraints. Constraints compile
+(and Outlines' generators are built and warmed up) before timing.
 """
 
 from __future__ import annotations
@@ -164,6 +167,7 @@ class ThroughputConfig:
     hf_requests: int = 16
     with_unconstrained: bool = True
     reference_checks: int = 4
+    with_outlines: bool | None = None  # None: when the outlines package is installed
 
 
 @dataclass
@@ -241,6 +245,16 @@ def _run(config: ThroughputConfig, progress: bool) -> dict[str, Any]:
             rate = hf["tokens_per_s"]
             entry["speedup_vs_hf"] = round(entry["tokens_per_s"] / rate, 3) if rate else None
         _say(progress, f"HF generate: {hf['tokens_per_s']:.1f} tok/s")
+
+    outlines = _outlines_baseline(loaded, items, config, rows)
+    if outlines is not None:
+        report_summary["outlines"] = outlines
+        largest = batches[-1]
+        rate = outlines["tokens_per_s"]
+        outlines["our_tokens_per_s"] = largest["tokens_per_s"]
+        outlines["our_batch"] = largest["batch"]
+        outlines["speedup_ours_vs_outlines"] = round(largest["tokens_per_s"] / rate, 3) if rate else None
+        _say(progress, f"outlines batch: {rate:.1f} tok/s")
 
     machine = {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
                "device": str(loaded.device), "dtype": str(next(model.parameters()).dtype).replace("torch.", "")}
@@ -387,6 +401,45 @@ def _hf_baseline(loaded: Any, jobs: list[Job], config: ThroughputConfig, rows: l
             "tokens_per_s": round(tokens / total_wall, 2) if total_wall else 0.0, "valid": valid}
 
 
+def _outlines_baseline(loaded: Any, items: list[WorkItem], config: ThroughputConfig,
+                       rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The outlines package: one ``Generator.batch`` per distinct constraint over its requests
+    (free text: no output type). Greedy, ``max_tokens`` each; validity checked like ours."""
+    if config.with_outlines is False:
+        return None
+    try:
+        from .outlines_baseline import OutlinesBaseline, chat_text
+
+        baseline = OutlinesBaseline(loaded.model, loaded.tokenizer)
+    except ImportError:
+        if config.with_outlines:
+            raise
+        return None
+    groups: dict[str, list[WorkItem]] = {}
+    for item in items:
+        groups.setdefault("free" if item.kind == "free" else item.spec.key, []).append(item)
+    specs = {key: (None if group[0].kind == "free" else group[0].spec) for key, group in groups.items()}
+    for spec in specs.values():
+        baseline.prepare(spec)
+    first = next(iter(specs.values()))
+    baseline.warm_up(first, chat_text(loaded.tokenizer, items[0].prompt))
+    wall, tokens, valid, ran, unsupported = 0.0, 0, 0, 0, {}
+    for key, group in groups.items():
+        out = baseline.generate_batch(specs[key], [chat_text(loaded.tokenizer, i.prompt) for i in group],
+                                      config.max_tokens)
+        if out is None:
+            unsupported[group[0].family] = baseline.reason(specs[key])
+            continue
+        wall, tokens, ran = wall + out["wall_s"], tokens + out["tokens"], ran + len(group)
+        for item, text in zip(group, out["texts"], strict=True):
+            ok = item.valid(text)
+            valid += ok
+            rows[item.index]["runs"]["outlines"] = {"text": text, "valid": ok}
+    return {"requests": ran, "of": len(items), "batches": len(groups) - len(unsupported), "wall_s": round(wall, 3),
+            "tokens": tokens, "tokens_per_s": round(tokens / wall, 2) if wall else 0.0, "valid": valid,
+            "unsupported": unsupported}
+
+
 def _say(progress: bool, line: str) -> None:
     if progress:
         print(line, file=sys.stderr, flush=True)
@@ -434,4 +487,12 @@ def format_table(report: dict[str, Any]) -> str:
                      f"({hf['with_outlines_processor']} with the outlines-core processor, the rest unconstrained): "
                      f"{hf['tokens_per_s']:.1f} tok/s, {hf['tokens']} tokens in {hf['wall_s']:.2f} s, "
                      f"valid {hf['valid']}/{hf['requests']}")
+    if "outlines" in summary:
+        o = summary["outlines"]
+        missing = "; ".join(f"{k}: {v}" for k, v in o["unsupported"].items()) or "none"
+        lines.append(f"outlines package, Generator.batch per constraint ({o['batches']} batches, {o['requests']} of "
+                     f"{o['of']} requests): {o['tokens_per_s']:.1f} tok/s, {o['tokens']} tokens in "
+                     f"{o['wall_s']:.2f} s, "
+                     f"valid {o['valid']}/{o['requests']}; ours at B={o['our_batch']}: {o['our_tokens_per_s']:.1f} "
+                     f"tok/s ({o['speedup_ours_vs_outlines']}x); cannot express: {missing}")
     return "\n".join(lines)
