@@ -178,6 +178,7 @@ class CommonGenBench:
                     "complete": result.complete, "wall_s": round(wall, 3),
                     "target_passes": result.stats.target_passes, "target_positions": result.stats.target_positions,
                     "draft_passes": result.stats.draft_passes,
+                    "target_s": round(result.stats.target_seconds, 3), "draft_s": round(result.stats.draft_seconds, 3),
                     "nll": round(quality.mean_nll(self.loaded.model, prompt, output), 4),
                     "real_words": round(real_word_share(result.text, concepts), 4),
                     "references": case["references"]})
