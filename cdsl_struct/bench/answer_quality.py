@@ -153,7 +153,7 @@ def score(task: Task, text: str, constrained: bool) -> tuple[bool, dict[Path_, b
             answer = min(found)[1] if found else None
     else:
         match = re.fullmatch(task.constraint, text) if constrained else re.search(task.constraint, text)
-        answer = match.group(0) if match else None
+        answer = match.group(0).rstrip(".") if match else None
     return answer is not None, {path: answer == gold}
 
 

@@ -6,7 +6,7 @@ per field in a shuffled order, and up to three tasks on that passage:
 
 - ``extract``: the schema's JSON, scored by exact match per field (leaf);
 - ``choice``: one boolean or enum field, answered with one of its options;
-- ``regex``: one integer or date field, answered with the value alone.
+- ``regex``: one integer or date field, answered with the value alone (and an optional period).
 
 Cases go to the ``tune`` or ``report`` half by a hash of their id (``split_of``); everything
 random is seeded by the case id, so the same data always gives the same tasks.
@@ -31,8 +31,10 @@ MAX_SCHEMA_CHARS = 800
 PROSE_KEYWORDS = frozenset({"description", "title", "$schema", "$id", "examples", "$comment"})
 MAX_VALUE_CHARS = 40
 MIN_FIELDS, MAX_FIELDS = 2, 6
-INTEGER = r"-?[0-9]{1,15}"
-DATE = r"[0-9]{4}-[0-9]{2}-[0-9]{2}"
+INTEGER = r"-?[0-9]{1,15}\.?"
+DATE = r"[0-9]{4}-[0-9]{2}-[0-9]{2}\.?"
+"""Regex answers may end with a period: forbidding the model's natural ending makes it pad the
+number instead (``10`` for ``1``, ``100000000000000`` for ``5``); the period is not scored."""
 TEMPLATES = ("The {key} is {value}.", "Its {key} is {value}.", "The value of {key} is {value}.")
 
 EXTRACT_PROMPT = ("Text: {text}\nWrite the values the text states as one JSON object with these keys: {keys}.\n"

@@ -97,6 +97,7 @@ def test_scoring_of_free_and_constrained_answers(tune_tasks):
     regex = next(t for t in tune_tasks if t.kind == "regex")
     answer = next(iter(regex.fields.values()))
     assert score(regex, answer, constrained=True)[1] == {next(iter(regex.fields)): True}
+    assert score(regex, answer + ".", constrained=True)[1] == {next(iter(regex.fields)): True}  # period not scored
     assert score(regex, "no idea", constrained=False)[0] is False
 
 
