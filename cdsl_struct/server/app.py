@@ -23,6 +23,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
+from ..constraints.whitespace import DEFAULT_WHITESPACE
 from ..tools import CallStream
 from . import responses
 from .auth import API_KEY_ENV, ApiKeyAuth
@@ -276,7 +277,8 @@ def create_app(generator: Any, config: ServerConfig | None = None, **options: An
 
 
 def serve(host: str = "127.0.0.1", port: int = 8000, model: str = "smollm2", draft: str | None = "auto", *,
-          backend: str = "auto", whitespace: str = "compact", compile_timeout: float = 30.0, log_level: str = "info",
+          backend: str = "auto", whitespace: str = DEFAULT_WHITESPACE, compile_timeout: float = 30.0,
+          log_level: str = "info",
           device: Any = "auto", dtype: Any = "auto", max_batch_size: int = 16, extra_properties: bool = False,
           max_prompt_tokens: int | None = None, **options: Any) -> None:
     """Load ``model`` (with ``draft``) once on ``device`` and serve it on ``host:port`` until interrupted.
