@@ -57,6 +57,9 @@ CDSL_SELF_DRAFT = "int8"
 """The draft model CDSL uses when ``draft`` names no model: the target's linear layers in int8
 (a single-token step costs about half of fp32 on a CPU; see the CommonGen sweep in BENCHMARKS.md)."""
 
+KEYWORD_MAX_REPEATS = 2
+"""``keywords=``: each keyword may appear this often before repeats lower the reward (stuffing never scores)."""
+
 Emit = Callable[[str], None]
 
 
@@ -411,7 +414,7 @@ def _reward(keywords: Any, reward: Any) -> Reward | None:
     if keywords is not None:
         if isinstance(keywords, (str, bytes)) or not all(isinstance(w, str) for w in keywords):
             raise ValueError("keywords must be a list of words")
-        rewards.append(KeywordCoverage(keywords))
+        rewards.append(KeywordCoverage(keywords, max_repeats=KEYWORD_MAX_REPEATS))
     if reward is not None:
         if not callable(reward):
             raise ValueError("reward must be a Reward or a function fn(text, final) -> float")
