@@ -31,13 +31,21 @@ class StopStrings:
         return True (the row then ends complete)."""
         text = session.text_of(session.output)
         start = max(0, self.searched - self.longest + 1)
-        hits = sorted(found for s in self.stops if (found := text.find(s, start)) >= 0)
+        hits = sorted(found for s in self.stops for found in _occurrences(text, s, start))
         self.searched = len(text)
         for position in hits:
             if _cut(session, text[:position]):
                 self.text = text[:position]
                 return True
         return False
+
+
+def _occurrences(text: str, stop: str, start: int) -> list[int]:
+    found, at = [], text.find(stop, start)
+    while at >= 0:
+        found.append(at)
+        at = text.find(stop, at + 1)
+    return found
 
 
 def _cut(session: Any, before: str) -> bool:
