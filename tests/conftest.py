@@ -9,6 +9,17 @@ import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+
+def pytest_configure(config):
+    """Give transformers' log handler its stream now, before any test captures stderr.
+
+    The handler keeps the ``sys.stderr`` it first sees; if that is one test's ``capsys`` stream,
+    every later transformers warning writes to a closed file and fails an unrelated test.
+    """
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.get_logger("transformers")
+
 MASKBENCH_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "maskbench"
 SMALL_TOKENIZERS = ("gpt2", "smollm2", "llama2")
 LARGE_TOKENIZERS = ("llama3", "qwen3", "gpt4o", "gemma3")
