@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,24 @@ def pytest_configure(config):
     from transformers.utils import logging as hf_logging
 
     hf_logging.get_logger("transformers")
+    for module in ("absl.logging", "rouge_score.rouge_scorer", "sacrebleu"):  # absl binds its handler at import
+        try:
+            __import__(module)
+        except ImportError:
+            pass
+
+
+@pytest.fixture(autouse=True)
+def _log_handlers_outlive_capture():
+    """After each test, point any log handler left holding a closed stream (a library that made its
+    handler while a test captured stderr, such as absl under rouge-score) back at ``sys.stderr``."""
+    yield
+    loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(lg, logging.Logger))]
+    for handler in (h for lg in loggers for h in lg.handlers):
+        stream = getattr(handler, "stream", None)
+        if isinstance(handler, logging.StreamHandler) and getattr(stream, "closed", False):
+            handler.stream = sys.stderr  # not setStream: it would flush the closed stream
 
 MASKBENCH_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "maskbench"
 SMALL_TOKENIZERS = ("gpt2", "smollm2", "llama2")
