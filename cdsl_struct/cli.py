@@ -99,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     sweep.add_argument("--a-t-values", default="0,0.25,0.5,0.75,1", help="acceptance thresholds to try")
     sweep.add_argument("--r-t-values", default="0,0.5,0.99", help="reward thresholds to try")
     sweep.add_argument("--d-values", default="2,4,6,8", help="lookahead lengths to try")
+    sweep.add_argument("--steer-values", default="0,0.1,0.3", help="steer ratios to try")
+    sweep.add_argument("--lam-values", default="5,20", help="guided-draft reward weights to try")
     sweep.add_argument("--temperature", type=float, default=0.7,
                        help="the speculative-sampling variant's temperature (0: greedy matching only)")
     sweep.add_argument("--plot", help="write the curves here (PNG)")
@@ -273,6 +275,9 @@ def _commongen_arguments(gen: argparse.ArgumentParser) -> None:
     gen.add_argument("--commit", default=c.commit, choices=["lookahead", "steered", "prefix"],
                      help="CDSL accept: the whole lookahead, its agreed and reward-chosen tokens, or its agreed "
                           f"prefix (default {c.commit})")
+    gen.add_argument("--steer-ratio", type=float, default=c.steer_ratio,
+                     help="CDSL steered commit: keep a reward-chosen token only where the target gives it at least "
+                          f"this share of its first choice's probability (default {c.steer_ratio})")
     gen.add_argument("--draft", default=c.draft, help=f"CDSL draft: bf16, int8 or layers:N (default {c.draft})")
     gen.add_argument("--draft-lam", type=float, default=c.draft_lam,
                      help=f"CDSL draft: reward weight among its candidates, 0 = plain greedy (default {c.draft_lam})")
@@ -293,7 +298,7 @@ def _commongen_config(args: argparse.Namespace) -> object:
         cdsl_temperature=args.cdsl_temperature, methods=tuple(args.methods.split(",")), max_tokens=args.max_tokens,
         k=args.k, d=args.d, lam=args.lam, optimism=args.optimism, cdsl_d=args.cdsl_d,
         acceptance_threshold=args.a_t, reward_threshold=args.r_t, fallback=args.fallback,
-        reward_on=args.reward_on, commit=args.commit, draft=args.draft,
+        reward_on=args.reward_on, commit=args.commit, steer_ratio=args.steer_ratio, draft=args.draft,
         draft_lam=args.draft_lam, suggest=args.suggest, stop_below=args.stop_below,
     )
 
@@ -315,6 +320,7 @@ def _commongen_sweep(args: argparse.Namespace) -> int:
 
     config = SweepConfig(base=_commongen_config(args), a_t=values(args.a_t_values, float),
                          r_t=values(args.r_t_values, float), d=values(args.d_values, int),
+                         steer=values(args.steer_values, float), lam=values(args.lam_values, float),
                          temperature=args.temperature)
     report = run_sweep(args.data, config, progress=not args.no_progress, checkpoint=args.json_out)
     if args.plot:

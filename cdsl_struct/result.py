@@ -84,5 +84,5 @@ def parse_value(spec: Any, text: str) -> Any:
         model = getattr(spec, "model", None)
         return model.model_validate(data) if model is not None else data
     if kind == "grammar":
-        return spec.parser().parse(text)
+        return spec.parse(text)
     return text

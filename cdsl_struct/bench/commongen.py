@@ -66,6 +66,7 @@ class CommonGenConfig:
     fallback: str = "cdlh"
     reward_on: str = "ending"
     commit: str = "steered"
+    steer_ratio: float = 0.0
     draft_lam: float = 20.0
     suggest: bool = True
     stop_below: float = 0.5
@@ -224,7 +225,7 @@ def make_strategy(method: str, reward: KeywordCoverage, draft_runner: ModelRunne
                             suggest=config.suggest, stop_below=config.stop_below)
         return CDSL(draft, reward, d=config.cdsl_d, acceptance_threshold=config.acceptance_threshold,
                     reward_threshold=config.reward_threshold, fallback=config.fallback, cdlh=cdlh,
-                    reward_on=config.reward_on, commit=config.commit)
+                    reward_on=config.reward_on, commit=config.commit, steer_ratio=config.steer_ratio)
     raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
 
 

@@ -17,7 +17,8 @@ from typing import Any
 
 from .commongen import CommonGenBench, CommonGenConfig, load_cases
 
-PARAMETERS = {"a_t": "acceptance_threshold", "r_t": "reward_threshold", "d": "cdsl_d"}
+PARAMETERS = {"a_t": "acceptance_threshold", "r_t": "reward_threshold", "d": "cdsl_d", "steer": "steer_ratio",
+              "lam": "draft_lam"}
 
 
 @dataclass
@@ -26,6 +27,10 @@ class SweepConfig:
     a_t: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
     r_t: tuple[float, ...] = (0.0, 0.5, 0.99)
     d: tuple[int, ...] = (2, 4, 6, 8)
+    steer: tuple[float, ...] = (0.0, 0.1, 0.3)
+    """``steer_ratio`` values: how plausible to the target a reward-steered token must be to stay."""
+    lam: tuple[float, ...] = (5.0, 20.0)
+    """The guided draft's reward weight (``draft_lam``)."""
     temperature: float = 0.7
     """The speculative-sampling variant's temperature (0 leaves that variant out)."""
 
@@ -51,7 +56,8 @@ def run_sweep(data: str | Path, config: SweepConfig, progress: bool = False,
         for name, attribute in PARAMETERS.items():
             for value in getattr(config, name):
                 settings = replace(base, methods=("cdsl",), cdsl_temperature=temperature, **{attribute: value})
-                key = (variant, settings.acceptance_threshold, settings.reward_threshold, settings.cdsl_d)
+                key = (variant, settings.acceptance_threshold, settings.reward_threshold, settings.cdsl_d,
+                       settings.steer_ratio, settings.draft_lam)
                 if key not in done:  # the base point is shared by the three curves
                     done[key] = _summary(bench.run(settings, progress=progress)["methods"]["cdsl"])
                 row = done[key]
@@ -71,13 +77,15 @@ def _summary(row: dict[str, Any]) -> dict[str, Any]:
 
 def format_table(report: dict[str, Any]) -> str:
     lines = [f"{report['cases']} tune concept sets; references: " + ", ".join(
-        f"{m} hard {r['hard_coverage']:.3f} passes {r['target_passes']} wall {r['wall_s']:.1f} s"
+        f"{m} hard {r['hard_coverage']:.3f} nll {r.get('nll', float('nan')):.3f} passes {r['target_passes']} "
+        f"wall {r['wall_s']:.1f} s"
         for m, r in report["references"].items())]
     lines.append(f"{'variant':9s} {'param':5s} {'value':>6s} {'hard':>6s} {'soft':>6s} {'complete':>8s} "
-                 f"{'passes':>7s} {'x pass':>7s} {'x wall':>7s}")
+                 f"{'nll':>6s} {'passes':>7s} {'x pass':>7s} {'x wall':>7s}")
     for p in report["points"]:
         lines.append(f"{p['variant']:9s} {p['parameter']:5s} {p['value']:6.2f} {p['hard_coverage']:6.3f} "
-                     f"{p['soft_coverage']:6.3f} {p['complete']:8.3f} {p['target_passes']:7d} "
+                     f"{p['soft_coverage']:6.3f} {p['complete']:8.3f} {p.get('nll', float('nan')):6.3f} "
+                     f"{p['target_passes']:7d} "
                      f"{p['pass_speedup']:7.2f} {p['wall_speedup']:7.2f}")
     return "\n".join(lines)
 
@@ -94,7 +102,7 @@ def plot_sweep(report: dict[str, Any], path: str | Path) -> None:
     fig, axes = plt.subplots(1, len(variants), figsize=(6 * len(variants), 4.5), squeeze=False, sharey=True)
     titles = {"greedy": "greedy matching", "sampling": f"speculative sampling (T {report['temperature']})"}
     for ax, variant in zip(axes[0], variants, strict=True):
-        for parameter, marker in zip(PARAMETERS, "osd", strict=False):
+        for parameter, marker in zip(PARAMETERS, "osd^v", strict=False):
             pts = [p for p in report["points"] if p["variant"] == variant and p["parameter"] == parameter]
             xs, ys = [p["pass_speedup"] for p in pts], [p["hard_coverage"] for p in pts]
             ax.plot(xs, ys, marker=marker, label=parameter)

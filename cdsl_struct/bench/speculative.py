@@ -223,7 +223,7 @@ def output_valid(task: dict[str, Any], text: str) -> bool:
     if "regex" in task:
         return re.fullmatch(task["regex"], text) is not None
     try:
-        Grammar(task["grammar"]).parser().parse(text)
+        Grammar(task["grammar"]).parse(text)
     except lark.exceptions.LarkError:
         return False
     return True

@@ -6,8 +6,10 @@ here, before any engine sees it) and has a stable ``key`` used to cache compiled
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,8 +138,21 @@ class Grammar(ConstraintSpec):
         return cls(GrammarText(text))
 
     def parser(self) -> lark.Lark:
-        """A lark Earley parser for finished outputs (builds a ``lark.Tree``)."""
+        """A new lark Earley parser for finished outputs (builds a ``lark.Tree``)."""
         return lark.Lark(self.text, start="start", parser="earley")
+
+    def parse(self, text: str) -> lark.Tree:
+        """The ``lark.Tree`` of a finished output. The parser is built once per grammar text and
+        shared (a large grammar takes seconds to build, far longer than a parse); parses of one
+        grammar run one at a time, as lark does not promise that a parser is thread-safe."""
+        parser, lock = _shared_parser(self.text)
+        with lock:
+            return parser.parse(text)
+
+
+@functools.lru_cache(maxsize=32)
+def _shared_parser(text: str) -> tuple[lark.Lark, threading.Lock]:
+    return lark.Lark(text, start="start", parser="earley"), threading.Lock()
 
 
 def as_spec(value: Any) -> ConstraintSpec:

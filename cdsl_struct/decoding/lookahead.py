@@ -43,6 +43,7 @@ from .loop import (
 from .sampling import choose, distribution, masked_logits
 
 CDSL_STATES = ("accept", "reject_acceptance", "reject_reward", "reject_both")
+_WORD_OPENERS = "\"'([{"
 
 
 def _check_unit(name: str, value: float) -> None:
@@ -167,14 +168,15 @@ class SuggestedWords:
         self._encoded: dict[str, list[int]] = {}
 
     def fitting(self, session: Session, prefix: list[int], logp: torch.Tensor, room: int) -> list[list[int]]:
-        """The suggested words (after a space, or as they are and capitalised at the start) that
-        the constraint allows after ``prefix`` within ``room`` tokens; ``logp`` is the masked
-        distribution at that position."""
+        """The suggested words (after a space, or as they are and capitalised where a word may
+        start: at the start, after a space, or after an opening quote or bracket, e.g. the first
+        word of a JSON string) that the constraint allows after ``prefix`` within ``room`` tokens;
+        ``logp`` is the masked distribution at that position."""
         text = session.text_of(prefix)
         spellings = []
         for word in self.reward.suggestions(text):
             spellings.append(" " + word)
-            if not text or text[-1].isspace():
+            if not text or text[-1].isspace() or text[-1] in _WORD_OPENERS:
                 spellings += [word, word.capitalize()]
         found = []
         for spelling in spellings:
@@ -288,6 +290,11 @@ class CDSL:
     unfinished text may still earn its reward, so only a premature ending is rejected).
     ``"auto"``: ``"ending"`` when the reward is ``earned_by_end``, else ``"text"``."""
     commit: str = "steered"
+    steer_ratio: float = 0.0
+    """With ``commit="steered"``: a token the reward steered the draft to survives only where the
+    target gives it at least this share of the probability of its own first choice there (0:
+    always; 1: only the target's choice). Keeps keywords where the target finds them plausible
+    and drops the insertions it finds jarring ("The game was scored field goal.")."""
     cdlh: CDLH | None = None
     states: Counter = field(default_factory=Counter)
 
@@ -296,6 +303,7 @@ class CDSL:
             raise ValueError(f"d must be >= 1, got {self.d}")
         _check_unit("acceptance_threshold", self.acceptance_threshold)
         _check_unit("reward_threshold", self.reward_threshold)
+        _check_unit("steer_ratio", self.steer_ratio)
         for name, value, allowed in (("fallback", self.fallback, ("cdlh", "target")),
                                      ("reward_on", self.reward_on, ("auto", "text", "ending")),
                                      ("commit", self.commit, ("lookahead", "steered", "prefix"))):
@@ -330,14 +338,14 @@ class CDSL:
         if self.reward_on == "ending" and not ends:
             r = 1.0
         else:
-            r = self.reward(session.text_of(session.output + tokens), final=session.state.finished)
+            r = self.reward(session.text_of(session.output + tokens), final=ends)
         passed_a, passed_r = a >= self.acceptance_threshold, r >= self.reward_threshold
         state = CDSL_STATES[0] if passed_a and passed_r else (
             "reject_acceptance" if passed_r else ("reject_reward" if passed_a else "reject_both"))
         self.states[state] += 1
         session.stats.accepted += accepted
         kept = drafted if self.commit == "lookahead" else next(
-            (i for i in range(drafted) if not agrees[i] and i not in proposal.steered), drafted)
+            (i for i in range(drafted) if not agrees[i] and not self._steer_holds(proposal, masked, i)), drafted)
         if state == "accept" and self.commit != "prefix" and kept:
             session.state.rollback(drafted - kept)
             session.output.extend(tokens[:kept])
@@ -357,6 +365,16 @@ class CDSL:
         else:
             chosen = self.cdlh(session, logits[keep])
         return tokens[:keep] + chosen
+
+    def _steer_holds(self, proposal: Proposal, masked: torch.Tensor, index: int) -> bool:
+        """Whether lookahead token ``index`` was steered by the reward and the target finds it
+        plausible enough (``steer_ratio``) to keep it against its own choice."""
+        if index not in proposal.steered:
+            return False
+        if self.steer_ratio <= 0.0:
+            return True
+        row = masked[index]
+        return float(row[proposal.tokens[index]] - row.max()) >= math.log(self.steer_ratio)
 
     @staticmethod
     def _target_token(session: Session, choice: torch.Tensor, allow_ending: bool = False) -> list[int]:
@@ -393,11 +411,25 @@ class CDSL:
 
 
 def state_ended(state: ConstraintState, compiled: CompiledConstraint) -> bool:
-    """Whether the output has ended: EOS written, or complete with nothing but EOS allowed."""
+    """Whether the output has ended: EOS written, complete with nothing but EOS allowed, or nothing
+    left but tokens the constraint forces up to such an end (in JSON: the closing quote and
+    braces after the last string's final character). The last free choice is where a reward
+    judged on endings must be judged: after it nothing can be added."""
     if state.finished:
         return True
-    if not state.is_complete():
+    if state.is_complete():
+        return _only_eos_allowed(state, compiled)
+    path = state.forced_tokens(limit=32)
+    if not path:
         return False
+    state.advance(path)
+    try:
+        return state.finished or (state.is_complete() and _only_eos_allowed(state, compiled))
+    finally:
+        state.rollback(len(path))
+
+
+def _only_eos_allowed(state: ConstraintState, compiled: CompiledConstraint) -> bool:
     row = allocate_bitmask(compiled.vocab_size)
     state.fill_mask(row)
     eos = compiled.vocabulary.eos_token_ids
@@ -428,9 +460,18 @@ def optimistic_reward(session: Session, reward: Reward, tokens: list[int], ended
 
 
 def _closing_index(session: Session, tokens: list[int]) -> int:
-    """The position of the lookahead token that closed the output (the last one before EOS)."""
+    """The position of the lookahead token that ended the output (after it, at most forced tokens
+    and EOS follow); the state is left where it was, after all of ``tokens``."""
+    state = session.state
+    state.rollback(len(tokens))
+    closing = len(tokens) - 1
+    for index, token in enumerate(tokens):
+        state.advance(token)
+        if state_ended(state, session.compiled):
+            closing = index
+            break
+    state.advance(tokens[closing + 1:])
     eos = session.compiled.vocabulary.eos_token_ids
-    index = len(tokens) - 1
-    while index > 0 and tokens[index] in eos:
-        index -= 1
-    return max(index, 0)
+    while closing > 0 and tokens[closing] in eos:
+        closing -= 1
+    return max(closing, 0)

@@ -3,6 +3,7 @@
 import json
 import threading
 
+import lark
 import pytest
 
 from cdsl_struct import (
@@ -181,3 +182,17 @@ def test_random_walks_through_shipped_grammars_parse_with_lark(vocab_of, name):
             finished += 1
             parser.parse(vocab.decode(tokens).decode("utf-8"))  # raises if the engine let junk through
     assert finished >= 4
+
+
+def test_finished_outputs_parse_with_one_shared_parser_per_grammar():
+    from cdsl_struct.constraints.specs import _shared_parser
+
+    spec = Grammar("arithmetic")
+    text = "1+2*3"
+    tree = spec.parse(text)
+    assert tree == spec.parser().parse(text)
+    built = _shared_parser.cache_info().misses
+    assert Grammar("arithmetic").parse("(4-5)/6").data == "start"  # another spec, same text: no rebuild
+    assert _shared_parser.cache_info().misses == built
+    with pytest.raises(lark.exceptions.LarkError):
+        spec.parse("1+")

@@ -1,12 +1,21 @@
 """CDLH and CDSL: parameters are checked, hard constraints hold, states and passes are counted."""
 
 import re
+from types import SimpleNamespace
 
 import pytest
 
 from cdsl_struct import Regex, compile
 from cdsl_struct.decoding import DraftModelProposer, decode
-from cdsl_struct.decoding.lookahead import CDLH, CDSL, CDSL_STATES, GuidedDraft, optimistic_reward
+from cdsl_struct.decoding.lookahead import (
+    CDLH,
+    CDSL,
+    CDSL_STATES,
+    GuidedDraft,
+    _closing_index,
+    optimistic_reward,
+    state_ended,
+)
 from cdsl_struct.models.runner import ModelRunner
 from cdsl_struct.rewards import CallableReward, KeywordCoverage, Reward, RewardError
 from tests.decoding.test_mechanics_tiny import PROMPT, letters_vocab, tiny_model
@@ -160,6 +169,38 @@ def test_guided_draft_writes_suggested_words_whole_and_steered_commit_keeps_them
     unsuggested = GuidedDraft(draft.runner, wants, k=1, lam=1000.0, suggest=False)
     cdsl = CDSL(unsuggested, wants, d=4, acceptance_threshold=0.0, reward_threshold=0.0, commit="steered")
     assert decode(target, compiled, PROMPT, max_tokens=8, strategy=cdsl).text == plain.text
+
+
+def test_steer_ratio_keeps_a_steered_word_only_where_the_target_finds_it_plausible(setup):
+    compiled, target, draft = setup
+    wants = WantsWord("hhh")
+    plain = decode(target, compiled, PROMPT, max_tokens=8)
+    texts = {}
+    for ratio in (0.0, 1.0):
+        guided = GuidedDraft(draft.runner, wants, k=1, lam=1000.0)
+        cdsl = CDSL(guided, wants, d=4, acceptance_threshold=0.0, reward_threshold=0.0, steer_ratio=ratio)
+        texts[ratio] = decode(target, compiled, PROMPT, max_tokens=8, strategy=cdsl).text
+    assert "hhh" in texts[0.0]  # kept against the target's choice
+    # ratio 1: a steered token must be the target's own choice, so every commit is the target's: its text
+    assert texts[1.0] == plain.text
+    with pytest.raises(ValueError, match="steer_ratio"):
+        CDSL(draft, wants, steer_ratio=1.5)
+
+
+def test_an_output_ends_where_only_forced_tokens_are_left(setup):
+    compiled, _, _ = setup
+    tail = compile(Regex("[a-g]{1,3}hh"), compiled.vocabulary, backend="llguidance")  # "hh" after 1-3 letters
+    encode = tail.vocabulary.encode
+    state = tail.new_state()
+    state.advance(encode("ab"))
+    assert not state_ended(state, tail)  # another letter may come
+    state.advance(encode("c"))
+    assert state.forced_tokens() == encode("hh")
+    assert state_ended(state, tail) and state.num_tokens == 3  # judged without moving the state
+    # a lookahead "chh" from "ab": the token that ended the output is "c" (index 0), not the forced "hh"
+    state.advance(encode("hh"))
+    assert _closing_index(SimpleNamespace(state=state, compiled=tail), encode("chh")) == 0
+    assert state.num_tokens == 5  # left after the whole lookahead
 
 
 def test_bad_parameters_are_clear_errors(setup):
