@@ -20,6 +20,7 @@ import hashlib
 import json
 import math
 import random
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -173,6 +174,8 @@ class CommonGenBench:
                                 params=params)
                 wall = time.perf_counter() - start
                 output = [t for t in result.tokens if t not in eos]
+                nlls = quality.token_nlls(self.loaded.model, prompt, output)
+                on_keyword = keyword_tokens([tokenizer.decode([t]) for t in output], reward)
                 rows[method].append({
                     "concepts": concepts, "text": result.text, "covered": reward.covered(result.text),
                     "counts": reward.counts(result.text), "finish_reason": result.finish_reason,
@@ -180,7 +183,10 @@ class CommonGenBench:
                     "target_passes": result.stats.target_passes, "target_positions": result.stats.target_positions,
                     "draft_passes": result.stats.draft_passes,
                     "target_s": round(result.stats.target_seconds, 3), "draft_s": round(result.stats.draft_seconds, 3),
-                    "nll": round(quality.mean_nll(self.loaded.model, prompt, output), 4),
+                    "nll": round(_mean_or_nan(nlls), 4),
+                    "nll_keyword": round(_mean_or_nan([v for v, k in zip(nlls, on_keyword, strict=True) if k]), 4),
+                    "nll_other": round(_mean_or_nan([v for v, k in zip(nlls, on_keyword, strict=True) if not k]), 4),
+                    "keyword_tokens": sum(on_keyword), "output_tokens": len(output),
                     "real_words": round(real_word_share(result.text, concepts), 4),
                     "references": case["references"]})
                 if isinstance(strategy, CDSL):
@@ -197,6 +203,21 @@ def run_commongen(data: str | Path, config: CommonGenConfig, progress: bool = Tr
     cases = load_cases(data, config.limit, config.seed, config.split)
     index, count = (int(part) for part in config.shard.split("/"))
     return CommonGenBench(cases[index::count], config).run(progress=progress, checkpoint=checkpoint)
+
+
+def keyword_tokens(pieces: list[str], reward: KeywordCoverage) -> list[bool]:
+    """Whether each token (``pieces``: the text of each) overlaps a word that is a keyword form."""
+    spans, offset = [], 0
+    for piece in pieces:
+        spans.append((offset, offset + len(piece)))
+        offset += len(piece)
+    text = "".join(pieces)
+    words = [m.span() for m in re.finditer(r"[A-Za-z]+", text) if reward.covered(m.group())]
+    return [any(start < end_w and start_w < end for start_w, end_w in words) for start, end in spans]
+
+
+def _mean_or_nan(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
 
 
 def merge_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
@@ -243,6 +264,8 @@ def method_metrics(sentences: list[dict[str, Any]], max_repeats: int) -> dict[st
         "complete": _mean([float(c) for c in complete]),
         "hard_coverage_complete": _mean([h * c for h, c in zip(hard, complete, strict=True)]),
         "nll": _mean(nlls),
+        "nll_keyword_tokens": _pooled(sentences, "nll_keyword", lambda s: s["keyword_tokens"]),
+        "nll_other_tokens": _pooled(sentences, "nll_other", lambda s: s.get("output_tokens", 0) - s["keyword_tokens"]),
         "real_words": _mean([s["real_words"] for s in sentences]),
         "repeated_keyword": _mean([float(max(s["counts"], default=0) > 1) for s in sentences]),
         "over_max_repeats": _mean([float(max(s["counts"], default=0) > max_repeats) for s in sentences]),
@@ -255,6 +278,13 @@ def method_metrics(sentences: list[dict[str, Any]], max_repeats: int) -> dict[st
         "target_positions": sum(s["target_positions"] for s in sentences),
         "draft_passes": sum(s["draft_passes"] for s in sentences),
     }
+
+
+def _pooled(sentences: list[dict[str, Any]], key: str, weight: Any) -> float:
+    """The token-weighted mean of a per-sentence mean ``key`` (NaN where no sentence has it)."""
+    pairs = [(s[key], weight(s)) for s in sentences if key in s and not math.isnan(s[key]) and weight(s) > 0]
+    total = sum(w for _, w in pairs)
+    return round(sum(v * w for v, w in pairs) / total, 4) if total else math.nan
 
 
 def _mean(values: list[float]) -> float:
@@ -291,6 +321,9 @@ def format_table(report: dict[str, Any]) -> str:
                      f"{row['soft_coverage']:6.3f} {row['complete']:8.3f} {row['nll']:6.3f} {row['real_words']:6.3f} "
                      f"{row['over_max_repeats']:5.3f} {row['bleu'] or 0:6.2f} {row['rouge_l'] or 0:6.3f} "
                      f"{row['wall_s']:8.1f} {row['target_passes']:7d} {row['draft_passes']:6d}  {row['states'] or ''}")
+    lines.append("NLL per token on keyword tokens / the others: " + ", ".join(
+        f"{method} {row.get('nll_keyword_tokens', math.nan):.3f} / {row.get('nll_other_tokens', math.nan):.3f}"
+        for method, row in report["methods"].items()))
     for key in ("speedup_cdsl_vs_cdlh", "target_pass_ratio_cdlh_vs_cdsl", "cdsl_hard_coverage_vs_cdlh",
                 "cdsl_hard_coverage_vs_cdlh_ci95"):
         if key in report:

@@ -21,16 +21,23 @@ import torch
 
 
 @torch.inference_mode()
-def mean_nll(model: Any, prompt: Sequence[int], output: Sequence[int]) -> float:
-    """Mean negative log-likelihood (nats per token) of ``output`` after ``prompt`` under ``model``
-    (an HF causal LM), unconstrained; NaN for an empty output."""
+def token_nlls(model: Any, prompt: Sequence[int], output: Sequence[int]) -> list[float]:
+    """The negative log-likelihood (nats) of each token of ``output`` after ``prompt`` under
+    ``model`` (an HF causal LM), unconstrained."""
     if not output:
-        return math.nan
+        return []
     ids = torch.tensor([list(prompt) + list(output)], device=model.device)
     logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
     logp = torch.log_softmax(logits, dim=-1)
     target = torch.tensor(list(output), device=logp.device)
-    return float(-logp.gather(1, target.unsqueeze(1)).mean())
+    return [float(v) for v in -logp.gather(1, target.unsqueeze(1)).squeeze(1)]
+
+
+def mean_nll(model: Any, prompt: Sequence[int], output: Sequence[int]) -> float:
+    """Mean negative log-likelihood (nats per token) of ``output`` after ``prompt`` under ``model``;
+    NaN for an empty output."""
+    values = token_nlls(model, prompt, output)
+    return sum(values) / len(values) if values else math.nan
 
 
 def bleu(hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> float:

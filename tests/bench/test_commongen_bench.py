@@ -10,6 +10,7 @@ import pytest
 from cdsl_struct.bench.commongen import (
     CommonGenConfig,
     _report,
+    keyword_tokens,
     load_cases,
     merge_reports,
     method_metrics,
@@ -76,6 +77,20 @@ def test_metrics_have_known_values_on_a_fixed_case():
     low, high = metrics["hard_coverage_ci95"]
     assert 0.0 <= low < 1 / 3 < high <= 1.0
     assert metrics["bleu"] == pytest.approx(100.0) and metrics["rouge_l"] == pytest.approx(1.0)  # refs = texts
+
+
+def test_nll_splits_into_keyword_tokens_and_the_others():
+    reward = KeywordCoverage(["dog_N", "catch_V"])
+    pieces = ["The", " dog", " ca", "ught", " a", " frisbee", "."]
+    assert keyword_tokens(pieces, reward) == [False, True, True, True, False, False, False]
+    concepts = ["dog_N", "catch_V"]
+    rows = [dict(record(concepts, "The dog caught it."), nll_keyword=2.0, nll_other=1.0, keyword_tokens=3,
+                 output_tokens=5),
+            dict(record(concepts, "A dog."), nll_keyword=4.0, nll_other=0.5, keyword_tokens=1, output_tokens=4)]
+    metrics = method_metrics(rows, max_repeats=2)
+    assert metrics["nll_keyword_tokens"] == pytest.approx((2.0 * 3 + 4.0) / 4)  # pooled over tokens
+    assert metrics["nll_other_tokens"] == pytest.approx((1.0 * 2 + 0.5 * 3) / 5)
+    assert math.isnan(method_metrics([record(concepts, "A dog.")], 2)["nll_keyword_tokens"])  # older records
 
 
 def test_shards_merge_into_the_whole_report():
