@@ -1,4 +1,5 @@
-"""``cdsl-struct bench commongen-sweep``: CDSL's speed against hard coverage as a_t, r_t and d vary.
+"""``cdsl-struct bench commongen-sweep``: CDSL's speed against hard coverage as a_t, r_t, d, the
+steer ratio and the guided draft's reward weight vary.
 
 On the ``tune`` split only. Greedy and CDLH run once on the same concept sets as references; then
 CDSL runs once per setting, one parameter varied at a time around the base config, for both
@@ -58,7 +59,7 @@ def run_sweep(data: str | Path, config: SweepConfig, progress: bool = False,
                 settings = replace(base, methods=("cdsl",), cdsl_temperature=temperature, **{attribute: value})
                 key = (variant, settings.acceptance_threshold, settings.reward_threshold, settings.cdsl_d,
                        settings.steer_ratio, settings.draft_lam)
-                if key not in done:  # the base point is shared by the three curves
+                if key not in done:  # the base point is shared by every curve
                     done[key] = _summary(bench.run(settings, progress=progress)["methods"]["cdsl"])
                 row = done[key]
                 points.append({"variant": variant, "parameter": name, "value": value, **row,
