@@ -206,6 +206,14 @@ def test_tool_grammar_admits_exactly_its_shapes(gen, choice, parallel, answer, a
         assert not _accepts(compiled, gen, text), text
 
 
+def test_a_finished_tool_output_is_read_as_text_not_by_lark():
+    from cdsl_struct.result import parse_value
+
+    grammar = ToolCallsGrammar(tool_request([ADD, WEATHER], "auto", True))
+    text = "Sure. " + CALL  # lark cannot build a parser for %json: the text goes to parse_tool_output
+    assert parse_value(grammar, text) == text and grammar.parser().parse(text) == text
+
+
 def test_parse_tool_output_validates_and_keeps_partial_calls():
     request = tool_request([ADD, WEATHER], "auto", True)
     out = parse_tool_output(request, "Let me see. " + CALL + WEATHER_CALL, complete=True)

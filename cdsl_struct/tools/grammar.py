@@ -50,6 +50,10 @@ class ToolCallsGrammar(Grammar):
         """The output as text: it is read into calls by ``parse_tool_output``, not by lark."""
         return _AsText()
 
+    def parse(self, text: str) -> Any:
+        """The output as text, as ``parser`` gives it (lark cannot read ``%json``)."""
+        return text
+
 
 class _AsText:
     @staticmethod
