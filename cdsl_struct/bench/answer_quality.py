@@ -1,24 +1,32 @@
 """``cdsl-struct bench quality``: are constrained answers as good as free ones?
 
-The same prompts (``quality_tasks``: extraction of a schema's JSON from prose that states every
-value, plus choice and regex questions) are answered greedily by the batched ``Generator`` in
-several settings:
+The same prompts are answered greedily by the batched ``Generator`` in several settings. The
+prompts come from one of two sources:
+
+- ``families`` (the default, ``extraction_tasks``): extraction of records users extract (people,
+  products and prices, events and dates, yes/no flags, categories, lists, a nested object) from
+  everyday prose, half the prompts naming the fields, half only asking for the record;
+- ``maskbench`` (``quality_tasks``): extraction of a MaskBench schema's JSON from prose that
+  states every value, plus choice and regex questions.
+
+Settings:
 
 - ``free``: unconstrained generation, then parse (the first JSON object / option / regex match
   in the text): the baseline people use;
 - ``<policy>``: constrained under a JSON whitespace policy (``compact``, ``spaced``,
-  ``flexible``, ``newlines`` or a bounded regex);
-- ``<policy>+canonical``: the same with canonical token boundaries (``constraints/canonical.py``).
+  ``flexible``, ``newlines``, ``any`` or a bounded regex).
 
-Choice and regex answers do not depend on the whitespace policy, so they are decoded once per
-canonical flag and shared by the settings that have it (their time counts once, for the first
-setting that decoded them). Per setting: per-field accuracy with a
-bootstrap CI (resampling tasks), its paired difference to ``free``, outputs that are valid
-(constrained: complete; free: parsed), tokens per answer and per re-tokenised answer, the share
-of outputs whose tokens are not what re-tokenising their text gives, mask time and wall time.
+Choice and regex answers do not depend on the whitespace policy, so they are decoded once and
+shared by the constrained settings (their time counts once, for the first setting that decoded
+them). Per setting, and per family: per-field accuracy with a bootstrap CI (resampling tasks),
+its paired difference to ``free``, outputs that are valid (constrained: complete; free:
+parsed), outputs cut by ``max_tokens``, tokens per answer against the same values written
+compactly, the share of outputs whose tokens are not what re-tokenising their text gives, mask
+time and wall time; per field, its accuracy (the worst fields show what a policy breaks).
 
 ``choose_default`` picks, from a tune-split run, the most accurate constrained whitespace policy
-whose extraction answers use at most 10% more tokens than ``compact``.
+whose extraction answers use at most ``TOKEN_BUDGET`` times the compact form's tokens and that
+runs at most ``LENGTH_CUT_BUDGET`` of its answers to ``max_tokens``.
 """
 
 from __future__ import annotations
@@ -35,21 +43,26 @@ from typing import Any
 import jsonschema
 
 from ..constraints import WhitespacePolicy, compile
-from ..constraints.canonical import CanonicalFilter, with_canonical_tokens
 from ..errors import CompileError
+from .extraction_tasks import family_tasks
 from .quality_tasks import Path_, Task, build_tasks
 
-DEFAULT_SETTINGS = ("free", "compact", "spaced", "flexible", "newlines", "compact+canonical", "flexible+canonical")
-TOKEN_BUDGET = 1.10
+DEFAULT_SETTINGS = ("free", "compact", "spaced", "flexible", "newlines", "any")
+SOURCES = ("families", "maskbench")
+TOKEN_BUDGET = 1.30
+"""A default may write at most this many tokens per answer against the compact form of its value."""
+LENGTH_CUT_BUDGET = 0.01
+"""A default may run at most this share of its answers to ``max_tokens``."""
 
 
 @dataclass
 class QualityConfig:
     split: str = "tune"
-    cases: int = 40
+    cases: int = 210
+    source: str = "families"
     settings: tuple[str, ...] = DEFAULT_SETTINGS
     kinds: tuple[str, ...] = ("extract", "choice", "regex")
-    max_tokens: int = 160
+    max_tokens: int = 128
     concurrency: int = 16
     draft: str | None = "auto"
     model: str = "smollm2"
@@ -67,7 +80,6 @@ class Answer:
     correct: dict[Path_, bool]
     tokens: int
     retokenized: int
-    canonical_pairs_broken: int
     mask_seconds: float
     finish_reason: str = ""
     compact_tokens: int = 0
@@ -79,20 +91,14 @@ class SettingRun:
     name: str
     answers: list[Answer] = field(default_factory=list)
     wall_seconds: float = 0.0
-    canonical_check_seconds: float = 0.0
 
 
-def parse_setting(name: str) -> tuple[str | None, bool]:
-    """``"flexible+canonical"`` -> (whitespace pattern or name, canonical); ``"free"`` -> (None, False)."""
-    base, _, extra = name.partition("+")
-    if extra not in ("", "canonical"):
-        raise ValueError(f"unknown setting {name!r}: use free, a whitespace policy, or POLICY+canonical")
-    if base == "free":
-        if extra:
-            raise ValueError("free generation has no token boundaries to keep canonical")
-        return None, False
-    WhitespacePolicy.parse(base)  # a bad or unbounded pattern fails here, before any decoding
-    return base, bool(extra)
+def parse_setting(name: str) -> str | None:
+    """``"flexible"`` -> the whitespace policy (name or bounded regex); ``"free"`` -> None."""
+    if name == "free":
+        return None
+    WhitespacePolicy.parse(name)  # a bad or unbounded pattern fails here, before any decoding
+    return name
 
 
 # --- scoring ------------------------------------------------------------------------------------
@@ -171,7 +177,7 @@ def _loads(text: str) -> Any:
 def usable_tasks(tasks: list[Task], generator: Any, settings: tuple[str, ...]) -> tuple[list[Task], list[str]]:
     """The tasks every setting can compile (llguidance and outlines-core refuse some schemas)."""
     keep, dropped = [], []
-    patterns = {parse_setting(s)[0] for s in settings} - {None}
+    patterns = {parse_setting(s) for s in settings} - {None}
     for task in tasks:
         if task.kind != "extract":
             keep.append(task)
@@ -194,8 +200,7 @@ def _request(task: Task) -> dict[str, Any]:
     return {"regex": task.constraint}
 
 
-def answer_all(generator: Any, tasks: list[Task], config: QualityConfig, *, constrained: bool,
-               canonical: CanonicalFilter) -> list[Answer]:
+def answer_all(generator: Any, tasks: list[Task], config: QualityConfig, *, constrained: bool) -> list[Answer]:
     """Answer every task (concurrent callers share the batched engine's steps)."""
     if not tasks:
         return []
@@ -214,10 +219,9 @@ def answer_all(generator: Any, tasks: list[Task], config: QualityConfig, *, cons
             value = _loads(result.text) if constrained else first_json_object(result.text)
             compact_text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
             compact = len(tokenizer.encode(compact_text, add_special_tokens=False))
-        return Answer(task, result.text, valid, correct, len(tokens),
-                      len(tokenizer.encode(result.text, add_special_tokens=False)),
-                      sum(not canonical.is_canonical_pair(p, t) for p, t in zip(tokens, tokens[1:], strict=False)),
-                      result.stats.mask_seconds, result.finish_reason, compact)
+        retokenized = len(tokenizer.encode(result.text, add_special_tokens=False))
+        return Answer(task, result.text, valid, correct, len(tokens), retokenized, result.stats.mask_seconds,
+                      result.finish_reason, compact)
 
     with ThreadPoolExecutor(config.concurrency, thread_name_prefix="quality") as pool:
         return list(pool.map(one, tasks))
@@ -235,59 +239,49 @@ def run_quality(data_dir: str | Path, config: QualityConfig, progress: bool = Tr
     loaded = load_model(config.model)
     generator = _switching_generator(loaded, config)
     try:
-        tasks, dropped = usable_tasks(build_tasks(data_dir, config.split, config.cases, config.kinds), generator,
-                                      config.settings)
-        canonical = CanonicalFilter.for_tokenizer(generator.tokenizer, generator.vocabulary)
+        tasks, dropped = usable_tasks(load_tasks(data_dir, config), generator, config.settings)
         runs = {name: SettingRun(name) for name in config.settings}
-        shared: dict[bool, dict[str, Answer]] = {}  # choice / regex answers by canonical flag
+        shared: dict[str, Answer] = {}  # choice / regex answers, the same under every policy
         chunks = [tasks[i:i + config.concurrency] for i in range(0, len(tasks), config.concurrency)]
         for number, chunk in enumerate(chunks):
             order = list(config.settings)
             order = order[number % len(order):] + order[:number % len(order)]
             for name in order:
-                pattern, use_canonical = parse_setting(name)
-                generator.use(pattern, use_canonical)
-                if pattern is None:
-                    todo = chunk
-                else:
-                    done = shared.setdefault(use_canonical, {})
-                    todo = [t for t in chunk if t.kind == "extract" or t.id not in done]
+                pattern = parse_setting(name)
+                generator.whitespace = pattern or "compact"
+                todo = chunk if pattern is None else [t for t in chunk if t.kind == "extract" or t.id not in shared]
                 if progress:
                     print(f"[quality] {config.split} chunk {number + 1}/{len(chunks)}: {name}", flush=True)
-                start, checked = time.perf_counter(), canonical.check_seconds
-                answers = answer_all(generator, todo, config, constrained=pattern is not None, canonical=canonical)
+                start = time.perf_counter()
+                answers = answer_all(generator, todo, config, constrained=pattern is not None)
                 runs[name].wall_seconds += time.perf_counter() - start
-                runs[name].canonical_check_seconds += canonical.check_seconds - checked
                 if pattern is not None:
-                    done.update((a.task.id, a) for a in answers if a.task.kind != "extract")
+                    shared.update((a.task.id, a) for a in answers if a.task.kind != "extract")
                     answers = [a for a in answers if a.task.kind == "extract"]
-                    answers += [done[t.id] for t in chunk if t.kind != "extract"]
+                    answers += [shared[t.id] for t in chunk if t.kind != "extract"]
                 runs[name].answers += answers
     finally:
         generator.close()
     summary = summarize(runs, config)
     summary["dropped_tasks"] = dropped
-    summary["canonical_filter"] = {"build_s": round(canonical.build_seconds, 3),
-                                   "check_s": round(canonical.check_seconds, 3)}
     summary["answers"] = {name: [_answer_row(a) for a in run.answers] for name, run in runs.items()}
     return summary
 
 
+def load_tasks(data_dir: str | Path, config: QualityConfig) -> list[Task]:
+    """The split's tasks from ``config.source`` (``data_dir`` is read for ``maskbench`` only)."""
+    if config.source == "families":
+        return family_tasks(config.split, config.cases)
+    if config.source == "maskbench":
+        return build_tasks(data_dir, config.split, config.cases, config.kinds)
+    raise ValueError(f"unknown source {config.source!r}; choose from {', '.join(SOURCES)}")
+
+
 def _switching_generator(loaded: Any, config: QualityConfig) -> Any:
-    """A Generator whose whitespace policy and canonical flag the bench switches between settings."""
+    """A Generator whose whitespace policy the bench switches between settings (``.whitespace``)."""
     from ..api import Generator
 
-    class SwitchingGenerator(Generator):
-        canonical = False
-
-        def use(self, whitespace: str | None, canonical: bool) -> None:
-            self.whitespace, self.canonical = whitespace or "compact", canonical
-
-        def compile(self, spec: Any) -> Any:
-            compiled = super().compile(spec)
-            return with_canonical_tokens(compiled, self.tokenizer) if self.canonical else compiled
-
-    return SwitchingGenerator(loaded, draft=config.draft, max_batch_size=config.concurrency)
+    return Generator(loaded, draft=config.draft, max_batch_size=config.concurrency)
 
 
 def _answer_row(answer: Answer) -> dict[str, Any]:
@@ -333,90 +327,113 @@ def _per_task(answers: list[Answer], kind: str | None) -> list[tuple[int, int]]:
     return [(sum(a.correct.values()), len(a.correct)) for a in answers if kind is None or a.task.kind == kind]
 
 
+def _groups(answers: list[Answer]) -> dict[str, list[Answer]]:
+    """Answers by what they are reported under: all, each task kind, each family, each prompt style."""
+    groups: dict[str, list[Answer]] = {"all": list(answers)}
+    for answer in answers:
+        groups.setdefault(answer.task.kind, []).append(answer)
+        family, _, style = answer.task.source.partition("/")
+        if style:
+            groups.setdefault(f"family:{family}", []).append(answer)
+            groups.setdefault(f"prompt:{style}", []).append(answer)
+    return groups
+
+
+def _field_accuracy(answers: list[Answer]) -> dict[str, list[int]]:
+    """``family.field`` (or ``kind.field``) -> [correct, total] over the answers."""
+    fields: dict[str, list[int]] = {}
+    for answer in answers:
+        family = answer.task.source.partition("/")[0] if "/" in answer.task.source else answer.task.kind
+        for path, correct in answer.correct.items():
+            counts = fields.setdefault(f"{family}.{'.'.join(path)}", [0, 0])
+            counts[0] += int(correct)
+            counts[1] += 1
+    return dict(sorted(fields.items()))
+
+
+def _entry(answers: list[Answer], baseline: dict[str, Answer] | None, config: QualityConfig) -> dict[str, Any]:
+    per_task = _per_task(answers, None)
+    fields = sum(n for _, n in per_task)
+    low, high = bootstrap_ci(per_task, config.bootstrap, config.seed)
+    finished = [a for a in answers if a.finish_reason == "stop"]
+    entry: dict[str, Any] = {
+        "tasks": len(answers), "fields": fields,
+        "accuracy": round(sum(c for c, _ in per_task) / fields, 4), "ci95": [round(low, 4), round(high, 4)],
+        "valid": round(sum(a.valid for a in answers) / len(answers), 4),
+        "tokens_per_answer": round(sum(a.tokens for a in answers) / len(answers), 2),
+        "retokenized_per_answer": round(sum(a.retokenized for a in answers) / len(answers), 2),
+        "non_canonical_outputs": round(sum(a.tokens != a.retokenized for a in answers) / len(answers), 4),
+        "mask_ms_per_token": round(1000 * sum(a.mask_seconds for a in answers)
+                                   / max(1, sum(a.tokens for a in answers)), 4),
+        "length_cut": sum(a.finish_reason == "length" for a in answers),
+        "length_cut_share": round(sum(a.finish_reason == "length" for a in answers) / len(answers), 4),
+        "valid_finished": round(sum(a.valid for a in finished) / max(1, len(finished)), 4),
+    }
+    paired = [a for a in answers if a.compact_tokens]
+    if paired:
+        entry["tokens_vs_compact_form"] = round(sum(a.tokens for a in paired) / sum(a.compact_tokens for a in paired),
+                                                4)
+    if baseline is not None and all(a.task.id in baseline for a in answers):
+        ours = _per_task(answers, None)
+        theirs = _per_task([baseline[a.task.id] for a in answers], None)
+        delta, d_low, d_high = paired_delta_ci(ours, theirs, config.bootstrap, config.seed)
+        entry["delta_vs_free"] = [round(delta, 4), round(d_low, 4), round(d_high, 4)]
+    return entry
+
+
 def summarize(runs: dict[str, SettingRun], config: QualityConfig) -> dict[str, Any]:
-    """Per setting and task kind: accuracy with CIs, validity, tokens, canonicality, time."""
-    baseline = runs.get("free")
+    """Per setting, and per task kind, family and prompt style: accuracy with CIs, validity,
+    answers cut by ``max_tokens``, tokens, canonicality, time; per field, its accuracy."""
+    baseline = {a.task.id: a for a in runs["free"].answers} if "free" in runs else None
     table: dict[str, Any] = {}
     for name, run in runs.items():
-        row: dict[str, Any] = {"wall_s": round(run.wall_seconds, 1),
-                               "canonical_first_use_s": round(run.canonical_check_seconds, 2)}
-        for kind in (None, "extract", "choice", "regex"):
-            answers = [a for a in run.answers if kind is None or a.task.kind == kind]
-            if not answers:
-                continue
-            per_task = _per_task(answers, None)
-            fields = sum(n for _, n in per_task)
-            low, high = bootstrap_ci(per_task, config.bootstrap, config.seed)
-            entry: dict[str, Any] = {
-                "tasks": len(answers), "fields": fields,
-                "accuracy": round(sum(c for c, _ in per_task) / fields, 4), "ci95": [round(low, 4), round(high, 4)],
-                "valid": round(sum(a.valid for a in answers) / len(answers), 4),
-                "tokens_per_answer": round(sum(a.tokens for a in answers) / len(answers), 2),
-                "retokenized_per_answer": round(sum(a.retokenized for a in answers) / len(answers), 2),
-                "non_canonical_outputs": round(sum(a.tokens != a.retokenized or a.canonical_pairs_broken > 0
-                                                   for a in answers) / len(answers), 4),
-                "non_canonical_pairs": sum(a.canonical_pairs_broken for a in answers),
-                "mask_ms_per_token": round(1000 * sum(a.mask_seconds for a in answers)
-                                           / max(1, sum(a.tokens for a in answers)), 4),
-                "length_cut": sum(a.finish_reason == "length" for a in answers),
-                "valid_finished": round(sum(a.valid for a in answers if a.finish_reason == "stop")
-                                        / max(1, sum(a.finish_reason == "stop" for a in answers)), 4),
-            }
-            paired = [a for a in answers if a.compact_tokens]
-            if paired:
-                entry["tokens_vs_compact_form"] = round(sum(a.tokens for a in paired)
-                                                        / sum(a.compact_tokens for a in paired), 4)
-            if baseline is not None and name != "free":
-                by_id = {a.task.id: a for a in baseline.answers}
-                if all(a.task.id in by_id for a in answers):
-                    ours = _per_task(answers, None)
-                    theirs = _per_task([by_id[a.task.id] for a in answers], None)
-                    delta, d_low, d_high = paired_delta_ci(ours, theirs, config.bootstrap, config.seed)
-                    entry["delta_vs_free"] = [round(delta, 4), round(d_low, 4), round(d_high, 4)]
-            row[kind or "all"] = entry
+        row: dict[str, Any] = {"wall_s": round(run.wall_seconds, 1)}
+        for group, answers in _groups(run.answers).items():
+            if answers:
+                row[group] = _entry(answers, None if name == "free" else baseline, config)
+        row["fields"] = _field_accuracy(run.answers)
         table[name] = row
-    return {"split": config.split, "cases": config.cases, "settings": table,
+    return {"split": config.split, "cases": config.cases, "source": config.source, "settings": table,
             "chosen_default": choose_default(table)}
 
 
 def choose_default(table: dict[str, Any]) -> str | None:
-    """The most accurate constrained whitespace policy (extraction) within the token budget: its
-    answers take at most ``TOKEN_BUDGET`` times the tokens of the same values written compactly
-    (``tokens_vs_compact_form``); ties go to fewer tokens."""
+    """The most accurate constrained whitespace policy on extraction whose answers take at most
+    ``TOKEN_BUDGET`` times the tokens of the same values written compactly and run at most
+    ``LENGTH_CUT_BUDGET`` of its answers to ``max_tokens``; ties go to fewer tokens."""
     candidates = []
     for name, row in table.items():
         entry = row.get("extract")
-        if name == "free" or "+" in name or entry is None:
+        if name == "free" or entry is None:
             continue
-        if entry.get("tokens_vs_compact_form", 1.0) > TOKEN_BUDGET:
+        if entry.get("tokens_vs_compact_form", 1.0) > TOKEN_BUDGET or entry["length_cut_share"] > LENGTH_CUT_BUDGET:
             continue
         candidates.append((-entry["accuracy"], entry.get("tokens_vs_compact_form", 1.0), name))
     return min(candidates)[2] if candidates else None
 
 
-def format_summary(summary: dict[str, Any]) -> str:
-    """A text table of one run."""
-    lines = [f"bench quality, split {summary['split']} ({summary['cases']} cases)",
-             f"{'setting':<22}{'kind':<9}{'n':>4}{'acc':>7}  {'ci95':<15}{'d vs free [ci95]':<26}{'valid':>6}"
+def format_summary(summary: dict[str, Any], worst_fields: int = 4) -> str:
+    """A text table of one run: every group of every setting, then each setting's worst fields."""
+    lines = [f"bench quality, split {summary['split']} ({summary['cases']} cases, source {summary.get('source')})",
+             f"{'setting':<12}{'group':<18}{'n':>5}{'acc':>7}  {'ci95':<15}{'d vs free [ci95]':<26}{'valid':>6}"
              f"{'cut':>4}{'tok':>7}{'retok':>7}{'/cmp':>6}{'noncan':>7}{'mask ms/tok':>12}{'wall s':>8}"]
     for name, row in summary["settings"].items():
-        for kind in ("extract", "choice", "regex", "all"):
-            e = row.get(kind)
-            if e is None:
+        for group, e in row.items():
+            if not isinstance(e, dict) or "accuracy" not in e:
                 continue
             delta = e.get("delta_vs_free")
             delta_text = f"{delta[0]:+.3f} [{delta[1]:+.3f},{delta[2]:+.3f}]" if delta else ""
-            lines.append(f"{name:<22}{kind:<9}{e['fields']:>4}{e['accuracy']:>7.3f}  "
+            lines.append(f"{name:<12}{group:<18}{e['fields']:>5}{e['accuracy']:>7.3f}  "
                          f"[{e['ci95'][0]:.3f},{e['ci95'][1]:.3f}]  {delta_text:<26}{e['valid']:>6.2f}"
                          f"{e['length_cut']:>4}{e['tokens_per_answer']:>7.1f}{e['retokenized_per_answer']:>7.1f}"
                          f"{e.get('tokens_vs_compact_form', float('nan')):>6.2f}"
                          f"{e['non_canonical_outputs']:>7.2f}{e['mask_ms_per_token']:>12.3f}"
-                         f"{row['wall_s'] if kind == 'all' else '':>8}")
-    first_use = {n: r["canonical_first_use_s"] for n, r in summary["settings"].items() if r["canonical_first_use_s"]}
-    if first_use:
-        lines.append(f"canonical filter, first use per previous token (in the mask time above): {first_use} s")
-    lines.append(f"chosen default whitespace (most accurate within {TOKEN_BUDGET:.2f}x the compact form's tokens): "
-                 f"{summary['chosen_default']}")
+                         f"{row['wall_s'] if group == 'all' else '':>8}")
+    for name, row in summary["settings"].items():
+        worst = sorted(row.get("fields", {}).items(), key=lambda item: item[1][0] / item[1][1])[:worst_fields]
+        lines.append(f"worst fields, {name}: " + ", ".join(f"{f} {c}/{n}" for f, (c, n) in worst))
+    lines.append(f"chosen default whitespace (most accurate on extraction within {TOKEN_BUDGET:.2f}x the compact "
+                 f"form's tokens and {LENGTH_CUT_BUDGET:.0%} answers cut): {summary['chosen_default']}")
     if summary.get("dropped_tasks"):
         lines.append(f"dropped (a setting could not compile): {len(summary['dropped_tasks'])}")
     return "\n".join(lines)
@@ -428,13 +445,16 @@ def format_summary(summary: dict[str, Any]) -> str:
 def add_arguments(parser: Any) -> None:
     """``bench quality``'s options (defaults are ``QualityConfig``'s)."""
     defaults = QualityConfig()
-    parser.add_argument("--data", default="../shared/data/maskbench", help="MaskBench .jsonl.gz folder")
+    parser.add_argument("--source", default=defaults.source, choices=SOURCES,
+                        help="families: extraction in seven everyday families (default); maskbench: tasks from "
+                             "MaskBench cases (needs --data)")
+    parser.add_argument("--data", default="../shared/data/maskbench", help="MaskBench .jsonl.gz folder (maskbench)")
     parser.add_argument("--split", default="both", choices=["tune", "report", "both"],
                         help="both: choose the whitespace default on tune, then measure on report (default)")
-    parser.add_argument("--cases", type=int, default=defaults.cases, help="MaskBench cases per split")
+    parser.add_argument("--cases", type=int, default=defaults.cases, help="cases per split")
     parser.add_argument("--settings", default=",".join(defaults.settings),
-                        help="comma-separated: free, compact, spaced, flexible, newlines, a bounded whitespace "
-                             "regex, each optionally +canonical")
+                        help="comma-separated: free, compact, spaced, flexible, newlines, any, a bounded "
+                             "whitespace regex")
     parser.add_argument("--kinds", default=",".join(defaults.kinds), help="task kinds: extract, choice, regex")
     parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
     parser.add_argument("--concurrency", type=int, default=defaults.concurrency, help="rows decoded together")
@@ -458,7 +478,7 @@ def run_from_args(args: Any) -> tuple[dict[str, Any], str]:
     report: dict[str, Any] = {"summary": {}}
     tables = []
     for split in splits:
-        config = QualityConfig(split=split, cases=args.cases, settings=settings,
+        config = QualityConfig(split=split, cases=args.cases, source=args.source, settings=settings,
                                kinds=tuple(k for k in args.kinds.split(",") if k), max_tokens=args.max_tokens,
                                concurrency=args.concurrency, draft=None if args.draft == "none" else args.draft,
                                model=args.model)

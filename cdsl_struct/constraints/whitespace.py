@@ -8,6 +8,8 @@ allows a bounded amount between JSON tokens:
 - ``"flexible"``: at most one space at every place JSON allows whitespace;
 - ``"newlines"``: at every such place, nothing, one space, or a newline and up to 8 spaces of
   indent (JSON laid out on lines, as models often write it);
+- ``"any"``: at every such place, any run of spaces, tabs and newlines up to 16 characters: the
+  model lays the JSON out as it prefers (XGrammar's default, with a bound);
 - any other string is a regex for one whitespace slot, e.g. ``"[ \\n]{0,2}"``; it must be bounded.
 
 ``DEFAULT_WHITESPACE`` is the policy the library uses when none is given; ``cdsl-struct bench
@@ -30,7 +32,8 @@ except ImportError:  # pragma: no cover - Python 3.10
 
 _WHITESPACE_CHARS = set(" \t\n\r")
 NEWLINES_PATTERN = r"(?:\n[ ]{0,8}|[ ])?"
-NAMED_POLICIES = ("compact", "spaced", "flexible", "newlines")
+ANY_PATTERN = r"[ \t\n]{0,16}"
+NAMED_POLICIES = ("compact", "spaced", "flexible", "newlines", "any")
 DEFAULT_WHITESPACE = "compact"
 
 
@@ -55,6 +58,8 @@ class WhitespacePolicy:
             return cls("flexible", pattern="[ ]?")
         if value == "newlines":
             return cls("newlines", pattern=NEWLINES_PATTERN)
+        if value == "any":
+            return cls("any", pattern=ANY_PATTERN)
         _check_bounded_whitespace(value)
         return cls("pattern", pattern=value)
 
