@@ -27,7 +27,6 @@ from .constraints import (
     TokenVocabulary,
     compile,
 )
-from .constraints.canonical import with_canonical_tokens
 from .constraints.closed_objects import close_objects
 from .constraints.specs import as_spec
 from .constraints.whitespace import DEFAULT_WHITESPACE
@@ -98,15 +97,13 @@ class Generator:
     Outlines, XGrammar and vLLM) closes JSON objects that list ``properties`` to keys they do not
     declare (``constraints.closed_objects``); True decodes schemas exactly as given.
     ``max_prompt_tokens``: longer prompts raise ``PromptTooLong`` (the model's context always bounds them).
-    ``canonical_tokens``: keep token boundaries canonical (``constraints.canonical``; off by
-    default: it cost accuracy in ``bench quality``, see BENCHMARKS.md).
     """
 
     def __init__(self, model: str | LoadedModel = "smollm2", *, draft: str | None = "auto",
                  backend: str = "auto", whitespace: str = DEFAULT_WHITESPACE, compile_timeout: float = 30.0,
                  k: int = 6, device: Any = "auto", dtype: Any = "auto", max_batch_size: int = 16,
                  kv_budget_gb: float | None = None, extra_properties: bool = False,
-                 max_prompt_tokens: int | None = None, canonical_tokens: bool = False) -> None:
+                 max_prompt_tokens: int | None = None) -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         self.loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device, dtype=dtype)
@@ -118,7 +115,6 @@ class Generator:
         self.compile_timeout = compile_timeout
         self.extra_properties = extra_properties
         self.max_prompt_tokens = max_prompt_tokens
-        self.canonical_tokens = canonical_tokens
         self.k = k
         self.draft: str | None = None if draft in (None, "none") else (AUTO_DRAFT if draft == "auto" else draft)
         self.target = ModelRunner(self.loaded.model)
@@ -275,9 +271,8 @@ class Generator:
 
     def compile(self, spec: ConstraintSpec) -> CompiledConstraint:
         """``spec`` compiled for this model's tokenizer (cached by ``cdsl_struct.compile``)."""
-        compiled = compile(spec, self.vocabulary, backend=self.backend, whitespace=self.whitespace,
-                           timeout=self.compile_timeout)
-        return with_canonical_tokens(compiled, self.tokenizer) if self.canonical_tokens else compiled
+        return compile(spec, self.vocabulary, backend=self.backend, whitespace=self.whitespace,
+                       timeout=self.compile_timeout)
 
     def _encode(self, prompt: Any, chat: bool, system: str | None, max_tokens: int) -> list[int]:
         ids = prompt_ids(self.tokenizer, prompt, chat=chat, system=system)

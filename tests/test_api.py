@@ -294,24 +294,3 @@ def test_cancel_event_ends_rows_within_a_step(gen):
     cancel.set()
     result = gen.generate("Tell me a long story.", max_tokens=200, cancel=cancel)
     assert result.finish_reason == "cancelled" and not result.complete and len(result.tokens) <= 8
-
-
-def test_canonical_tokens_option_narrows_the_compiled_constraint(smollm2):
-    from cdsl_struct.constraints.canonical import _CanonicalProgram
-
-    canonical = Generator(smollm2, draft=None, canonical_tokens=True)
-    try:
-        compiled = canonical.compile(cs.JsonSchema({"type": "object", "properties": {"a": {"type": "integer"}}}))
-        assert isinstance(compiled.program, _CanonicalProgram)
-        result = canonical.generate("Give a as JSON.", schema={"type": "object", "properties": {
-            "a": {"type": "integer"}}, "required": ["a"]}, max_tokens=16)
-        assert result.complete and gen_tokens_canonical(canonical.tokenizer, result)
-    finally:
-        canonical.close()
-
-
-def gen_tokens_canonical(tokenizer, result) -> bool:
-    """Whether every adjacent pair of output tokens re-tokenises to itself."""
-    pairs = zip(result.tokens[:-1], result.tokens[1:], strict=False)
-    return all(tokenizer.encode(tokenizer.decode([a, b]), add_special_tokens=False) == [a, b] for a, b in pairs
-               if b not in (tokenizer.eos_token_id,))

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..options import DEFAULT_WHITESPACE
 from .files import RowWriter, id_key, read_rows, repair_and_read_done
 
 ENGINES = ("local", "ray")
@@ -37,6 +38,7 @@ class BatchJob:
     model: str = "smollm2"
     draft: str | None = "auto"
     backend: str = "auto"
+    whitespace: str = DEFAULT_WHITESPACE
     device: str = "auto"
     dtype: str = "auto"
     method: str = "auto"
@@ -63,8 +65,8 @@ class BatchJob:
         """A ``Generator`` for this job's model, draft, engine and device."""
         from ..api import Generator
 
-        return Generator(self.model, draft=self.draft, backend=self.backend, device=self.device,
-                         dtype=self.dtype, max_batch_size=self.max_batch_size)
+        return Generator(self.model, draft=self.draft, backend=self.backend, whitespace=self.whitespace,
+                         device=self.device, dtype=self.dtype, max_batch_size=self.max_batch_size)
 
     def check(self) -> None:
         """Check the constraint up front: a bad one fails the job before any row, with its typed error."""

@@ -56,7 +56,7 @@ from .schema_rewrite import rewrite_schema
 from .specs import ConstraintSpec, JsonSchema, as_spec
 from .state import ConstraintState
 from .vocabulary import TokenVocabulary
-from .whitespace import WhitespacePolicy
+from .whitespace import DEFAULT_WHITESPACE, WhitespacePolicy
 
 #: engines tried by ``backend="auto"``, per spec kind. llguidance first: it compiles in
 #: milliseconds and expresses more of JSON Schema; outlines-core covers what it refuses.
@@ -104,7 +104,7 @@ def compile(  # noqa: A001 - the natural name, as in re.compile / xgrammar
     tokenizer: Any,
     *,
     backend: str = "auto",
-    whitespace: str | WhitespacePolicy = "compact",
+    whitespace: str | WhitespacePolicy = DEFAULT_WHITESPACE,
     timeout: float | None = DEFAULT_TIMEOUT_S,
     eos_token_ids: Sequence[int] | None = None,
     cache: bool = True,

@@ -17,7 +17,6 @@ from ..errors import InvalidToken, RollbackError
 from .mask import Bitmask, clear_bitmask, row_pointer, set_bit
 
 if TYPE_CHECKING:
-    from .canonical import CanonicalFilter
     from .compiler import CompiledConstraint
 
 
@@ -29,11 +28,6 @@ class ConstraintState(ABC):
     ``advance`` consumes tokens (atomically: on a disallowed token nothing changes and
     ``InvalidToken`` is raised); ``validate`` counts how many leading tokens would be accepted
     without changing anything; ``rollback(n)`` undoes the last ``n`` advanced tokens.
-
-    ``canonical``: when set (see ``with_canonical_tokens``), ``fill_mask`` also clears the tokens
-    that would follow the last advanced token with a split the tokenizer never produces, unless
-    that would clear every allowed token. It only narrows masks; ``advance`` and ``validate``
-    still accept anything the constraint allows.
     """
 
     #: how many advanced tokens can always be rolled back
@@ -45,10 +39,6 @@ class ConstraintState(ABC):
         self.finished = False
         self.mask_seconds = 0.0
         self.mask_calls = 0
-        self.canonical: CanonicalFilter | None = None
-        self.canonical_narrowed = 0
-        self.canonical_fallbacks = 0
-        self._tokens: list[int] = []
 
     # --- public API ---------------------------------------------------------------------------
 
@@ -64,10 +54,6 @@ class ConstraintState(ABC):
             if len(eos_ids) > 1 and self.is_complete():
                 for eos in eos_ids[1:]:
                     set_bit(bitmask_row, eos)
-            if self.canonical is not None and self._tokens:
-                outcome = self.canonical.narrow(bitmask_row, self._tokens[-1])
-                self.canonical_narrowed += outcome == "narrowed"
-                self.canonical_fallbacks += outcome == "fallback"
         self.mask_seconds += time.perf_counter() - start
         self.mask_calls += 1
 
@@ -110,7 +96,6 @@ class ConstraintState(ABC):
         engine_tokens = n - 1 if self.finished else n  # EOS is tracked here, never by the engine
         if engine_tokens:
             self._engine_rollback(engine_tokens)
-        del self._tokens[-n:]
         self.num_tokens -= n
         self.finished = False
 
@@ -128,7 +113,6 @@ class ConstraintState(ABC):
         """An independent state at the same position (history included)."""
         twin = self._engine_copy()
         twin.num_tokens, twin.finished = self.num_tokens, self.finished
-        twin.canonical, twin._tokens = self.canonical, list(self._tokens)
         return twin
 
     # --- helpers ------------------------------------------------------------------------------
@@ -142,7 +126,6 @@ class ConstraintState(ABC):
             self.finished = True
         else:
             self._engine_consume(tokens)
-        self._tokens.extend(tokens)
         self.num_tokens += len(tokens)
 
     def _complete_after(self, body: list[int]) -> bool:

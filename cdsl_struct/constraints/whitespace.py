@@ -1,4 +1,4 @@
-"""Whitespace policy for JSON output: compact by default, configurable, always bounded.
+"""Whitespace policy for JSON output: configurable, always bounded, one default.
 
 Unbounded whitespace lets a small model emit spaces or newlines forever, so every policy
 allows a bounded amount between JSON tokens:
@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import CompileError
+from ..options import DEFAULT_WHITESPACE, WHITESPACE_POLICIES
 
 try:
     from re import _constants as sre_constants
@@ -33,8 +34,8 @@ except ImportError:  # pragma: no cover - Python 3.10
 _WHITESPACE_CHARS = set(" \t\n\r")
 NEWLINES_PATTERN = r"(?:\n[ ]{0,8}|[ ])?"
 ANY_PATTERN = r"[ \t\n]{0,16}"
-NAMED_POLICIES = ("compact", "spaced", "flexible", "newlines", "any")
-DEFAULT_WHITESPACE = "compact"
+NAMED_POLICIES = WHITESPACE_POLICIES
+__all__ = ["DEFAULT_WHITESPACE", "NAMED_POLICIES", "WhitespacePolicy"]
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,8 @@ import os
 import sys
 from typing import Any
 
-from ..constraints.whitespace import DEFAULT_WHITESPACE
 from ..generate_cli import add_device_arguments
-from ..options import BACKENDS
+from ..options import BACKENDS, add_whitespace_option
 from .auth import API_KEY_ENV
 
 INSTALL_HINT = "cdsl-struct serve needs the server extra: pip install 'cdsl_struct[server]'"
@@ -33,9 +32,7 @@ def add_serve_parser(commands: Any) -> argparse.ArgumentParser:
     add_device_arguments(serve)
     serve.add_argument("--backend", default="auto", choices=BACKENDS,
                        help="constraint engine (default auto)")
-    serve.add_argument("--whitespace", default=DEFAULT_WHITESPACE,
-                       help=f"JSON whitespace: compact, spaced, flexible, newlines or a bounded regex "
-                            f"(default {DEFAULT_WHITESPACE})")
+    add_whitespace_option(serve)
     serve.add_argument("--compile-timeout", type=float, default=30.0,
                        help="seconds a constraint may take to compile; over it the request gets 400 (default 30)")
     serve.add_argument("--max-request-bytes", type=int, default=2 * 1024 * 1024,

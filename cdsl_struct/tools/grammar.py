@@ -20,7 +20,7 @@ import json
 from typing import Any
 
 from ..constraints.specs import Grammar
-from ..constraints.whitespace import WhitespacePolicy
+from ..constraints.whitespace import DEFAULT_WHITESPACE, WhitespacePolicy
 from .definitions import CALL_MARKER
 from .request import ToolRequest
 
@@ -37,7 +37,7 @@ class ToolCallsGrammar(Grammar):
     """
 
     def __init__(self, request: ToolRequest, *, answer_format: dict[str, Any] | None = None,
-                 whitespace: str | WhitespacePolicy = "compact") -> None:
+                 whitespace: str | WhitespacePolicy = DEFAULT_WHITESPACE) -> None:
         policy = WhitespacePolicy.parse(whitespace)
         text = _lark(request, answer_format, policy)
         object.__setattr__(self, "source", text)

@@ -29,6 +29,7 @@ from cdsl_struct.bench.quality_tasks import (
     split_of,
 )
 from cdsl_struct.cli import main
+from cdsl_struct.errors import CompileError
 
 from ..conftest import MASKBENCH_DIR
 
@@ -105,11 +106,10 @@ def test_helpers():
     assert leaves({"a": 1, "b": {"c": "x", "d": True}}) == {("a",): 1, ("b", "c"): "x", ("b", "d"): True}
     assert first_json_object('text {"a": [1, {"b": 2}]} more {"c": 3}') == {"a": [1, {"b": 2}]}
     assert same_value(1, 1.0) and not same_value(True, 1) and not same_value("1", 1)
-    assert parse_setting("free") == (None, False)
-    assert parse_setting("flexible+canonical") == ("flexible", True)
-    assert parse_setting("newlines") == ("newlines", False)
-    with pytest.raises(ValueError):
-        parse_setting("free+canonical")
+    assert parse_setting("free") is None
+    assert parse_setting("newlines") == "newlines" and parse_setting("[ ]{0,2}") == "[ ]{0,2}"
+    with pytest.raises(CompileError):
+        parse_setting("[ ]*")  # unbounded whitespace is never a candidate
     rows = [(random.Random(i).randint(0, 3), 3) for i in range(50)]
     low, high = bootstrap_ci(rows, 300, 0)
     accuracy = sum(c for c, _ in rows) / 150
@@ -117,30 +117,31 @@ def test_helpers():
     assert paired_delta_ci(rows, rows, 100, 0) == (0.0, 0.0, 0.0)
 
 
-def test_the_default_is_the_most_accurate_policy_within_the_token_budget():
-    def row(accuracy, tokens_vs_compact):
-        return {"extract": {"accuracy": accuracy, "tokens_vs_compact_form": tokens_vs_compact}}
+def test_the_default_is_the_most_accurate_policy_within_the_token_and_length_budgets():
+    def row(accuracy, tokens_vs_compact, cut=0.0):
+        return {"extract": {"accuracy": accuracy, "tokens_vs_compact_form": tokens_vs_compact,
+                            "length_cut_share": cut}}
 
     table = {"free": row(0.9, 1.0), "compact": row(0.5, 1.0), "spaced": row(0.7, 1.08),
-             "newlines": row(0.8, 1.3), "flexible+canonical": row(0.95, 1.0)}
-    assert choose_default(table) == "spaced"  # newlines is 30% longer; free and canonical are not policies
+             "newlines": row(0.8, 1.45), "any": row(0.85, 1.2, cut=0.02)}
+    assert choose_default(table) == "spaced"  # newlines is 45% longer, any loops too often, free is no policy
     table["flexible"] = row(0.7, 1.05)
     assert choose_default(table) == "flexible"  # a tie goes to fewer tokens
 
 
 def test_quality_cli_on_the_real_model(tmp_path, capsys, one_torch_thread):
     out = tmp_path / "quality.json"  # --threads 1 below; the fixture restores the thread count after
-    assert main(["bench", "quality", "--data", str(MASKBENCH_DIR), "--split", "tune", "--cases", "1",
-                 "--settings", "free,compact+canonical", "--kinds", "extract,choice", "--max-tokens", "32",
+    assert main(["bench", "quality", "--source", "maskbench", "--data", str(MASKBENCH_DIR), "--split", "tune",
+                 "--cases", "1", "--settings", "free,compact", "--kinds", "extract,choice", "--max-tokens", "32",
                  "--threads", "1", "--no-progress", "--json", str(out)]) == 0
     report = json.loads(out.read_text())["tune"]
-    assert set(report["settings"]) == {"free", "compact+canonical"}
+    assert set(report["settings"]) == {"free", "compact"}
     for name, answers in report["answers"].items():
         assert {a["id"].split("#")[1] for a in answers} <= {"extract", "choice", "regex"}
         for answer in answers:
             if name != "free" and answer["finish_reason"] == "stop":
                 assert answer["valid"]  # a constrained output that ended is valid
-    compact = report["settings"]["compact+canonical"]["all"]
+    compact = report["settings"]["compact"]["all"]
     assert 0.0 <= compact["accuracy"] <= 1.0 and compact["ci95"][0] <= compact["accuracy"] <= compact["ci95"][1]
     assert "delta_vs_free" in compact
     assert "chosen default whitespace" in capsys.readouterr().out

@@ -1,0 +1,106 @@
+"""One JSON whitespace default everywhere, and the default keeps numbers as the model writes them."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+
+import pytest
+
+import cdsl_struct as cs
+from cdsl_struct.api import Generator, generate
+from cdsl_struct.bulk.cli import add_batch_parser
+from cdsl_struct.bulk.job import BatchJob
+from cdsl_struct.constraints.compiler import compile as compile_spec
+from cdsl_struct.generate_cli import add_generate_parser
+from cdsl_struct.options import DEFAULT_WHITESPACE
+from cdsl_struct.prompts import prompt_ids
+from cdsl_struct.server.app import serve
+from cdsl_struct.server.cli import add_serve_parser
+from cdsl_struct.tools.grammar import ToolCallsGrammar
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                           "city": {"type": "string"}},
+          "required": ["name", "age", "city"], "additionalProperties": False}
+
+
+def _default(function, name: str):
+    return inspect.signature(function).parameters[name].default
+
+
+def _cli_default(add_parser, argv: list[str]) -> str:
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(argv).whitespace
+
+
+def test_every_entry_point_defaults_to_the_one_whitespace_policy():
+    assert DEFAULT_WHITESPACE != "compact"  # bench quality: compact forbids the model's space before a number
+    python_defaults = {
+        "compile": _default(compile_spec, "whitespace"),
+        "Generator": _default(Generator.__init__, "whitespace"),
+        "generate": _default(generate, "whitespace"),
+        "ToolCallsGrammar": _default(ToolCallsGrammar.__init__, "whitespace"),
+        "serve": _default(serve, "whitespace"),
+        "BatchJob": BatchJob().whitespace,
+    }
+    cli_defaults = {
+        "cdsl-struct generate": _cli_default(add_generate_parser, ["generate", "prompt"]),
+        "cdsl-struct batch": _cli_default(add_batch_parser, ["batch", "in.jsonl", "out.jsonl"]),
+        "cdsl-struct serve": _cli_default(add_serve_parser, ["serve"]),
+    }
+    assert set(python_defaults.values()) | set(cli_defaults.values()) == {DEFAULT_WHITESPACE}, \
+        {**python_defaults, **cli_defaults}
+
+
+def test_a_compiled_constraint_for_the_transformers_processor_uses_the_default(vocab_of):
+    compiled = cs.compile(cs.JsonSchema(PERSON), vocab_of("smollm2"))
+    assert compiled.whitespace.name == DEFAULT_WHITESPACE
+
+
+def test_a_batch_job_passes_its_whitespace_to_its_generator(monkeypatch):
+    seen = {}
+
+    class Recorder:
+        def __init__(self, model, **options):
+            seen.update(options)
+
+    monkeypatch.setattr("cdsl_struct.api.Generator", Recorder)
+    BatchJob(whitespace="flexible").generator()
+    assert seen["whitespace"] == "flexible"
+
+
+@pytest.fixture(scope="module")
+def greedy(smollm2, one_torch_thread):
+    generator = Generator(smollm2, draft=None)
+    yield generator
+    generator.close()
+
+
+@pytest.mark.parametrize("passage, age", [
+    ("Ada Lovelace is 86 years old and lives in London.", 86),
+    ("Meet Omar Khan: a 41-year-old teacher from Karachi.", 41),
+])
+def test_a_number_after_a_key_is_written_as_the_model_writes_it(greedy, passage, age):
+    """Under the default, every token of the age (from the one after ``":`` to its last digit) is
+    the unconstrained model's own argmax at that point: the constraint never had to overrule it."""
+    import torch
+
+    prompt = f"{passage}\n\nExtract the person from the text above as JSON with the keys name, age and city."
+    result = greedy.generate(prompt, schema=PERSON, max_tokens=48)
+    assert result.complete and result.value["age"] == age, result.text
+
+    tokenizer = greedy.tokenizer
+    prompt = prompt_ids(tokenizer, prompt)
+    output = [t for t in result.tokens if t not in greedy.vocabulary.eos_token_ids]
+    with torch.no_grad():
+        logits = greedy.loaded.model(torch.tensor([prompt + output])).logits[0]
+    free_choice = logits[len(prompt) - 1:-1].argmax(-1).tolist()  # the model's own pick at each output position
+
+    texts = [tokenizer.decode(output[:i]) for i in range(len(output) + 1)]
+    key_end = next(i for i, text in enumerate(texts) if text.rstrip().endswith('"age":'))
+    number_end = next(i for i, text in enumerate(texts) if text.replace(" ", "").endswith(f'"age":{age}'))
+    for position in range(key_end, number_end):
+        assert output[position] == free_choice[position], (
+            f"at {texts[position]!r} the model would write {tokenizer.decode([free_choice[position]])!r}, "
+            f"the constraint made it {tokenizer.decode([output[position]])!r}")
