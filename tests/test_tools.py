@@ -197,7 +197,8 @@ WEATHER_CALL = '<tool_call>{"name":"get_weather","arguments":{"city":"Oslo"}}'
      ['{"x":3}', CALL], ["Hello", '{"x":"3"}', '{"x":3}' + CALL]),
 ])
 def test_tool_grammar_admits_exactly_its_shapes(gen, choice, parallel, answer, accepted, refused):
-    grammar = ToolCallsGrammar(tool_request([ADD, WEATHER], choice, parallel), answer_format=answer)
+    grammar = ToolCallsGrammar(tool_request([ADD, WEATHER], choice, parallel), answer_format=answer,
+                               whitespace="compact")
     compiled = cs.compile(grammar, gen.vocabulary)
     assert compiled.backend == "llguidance"
     for text in accepted:
@@ -209,7 +210,7 @@ def test_tool_grammar_admits_exactly_its_shapes(gen, choice, parallel, answer, a
 def test_a_finished_tool_output_is_read_as_text_not_by_lark():
     from cdsl_struct.result import parse_value
 
-    grammar = ToolCallsGrammar(tool_request([ADD, WEATHER], "auto", True))
+    grammar = ToolCallsGrammar(tool_request([ADD, WEATHER], "auto", True), whitespace="compact")
     text = "Sure. " + CALL  # lark cannot build a parser for %json: the text goes to parse_tool_output
     assert parse_value(grammar, text) == text and grammar.parser().parse(text) == text
 
@@ -276,7 +277,7 @@ def test_required_makes_a_valid_call(gen):
 
 def test_named_tool_is_the_one_called(gen):
     result = gen.generate("What is the weather in Paris?", tools=[ADD, WEATHER],
-                          tool_choice={"type": "function", "function": {"name": "add"}}, max_tokens=24)
+                          tool_choice={"type": "function", "function": {"name": "add"}}, max_tokens=40)
     assert_valid_calls(result, ("add",))
     assert set(result.tool_calls[0].arguments) == {"a", "b"}
 

@@ -65,9 +65,9 @@ def test_spec_accepts_valid_and_rejects_invalid(vocab_of, tokenizer, backend, ca
     spec, valid, invalid, engines = CASES[case]
     if backend not in engines:
         with pytest.raises(UnsupportedFeature):
-            compile(spec, vocab_of(tokenizer), backend=backend)
+            compile(spec, vocab_of(tokenizer), backend=backend, whitespace="compact")
         return
-    compiled = compile(spec, vocab_of(tokenizer), backend=backend)
+    compiled = compile(spec, vocab_of(tokenizer), backend=backend, whitespace="compact")
     assert compiled.backend == backend
     for text in valid:
         assert run_text(compiled, text) == (True, True), text

@@ -38,7 +38,7 @@ def accepts(compiled, text):
 
 
 def test_auto_compiles_the_rewrite_and_its_masks_follow_the_original(vocab_of):
-    compiled = compile(ORDER, vocab_of("llama3"), timeout=None, cache=False)
+    compiled = compile(ORDER, vocab_of("llama3"), timeout=None, cache=False, whitespace="compact")
     assert compiled.backend == "llguidance"
     assert {"not", "oneOf->anyOf", "if-then-else", "format-annotation"} <= set(compiled.rewrites)
     assert compiled.skipped and compiled.skipped[0][0] == "llguidance"

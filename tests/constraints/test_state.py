@@ -28,7 +28,7 @@ PROPERTY_SETTINGS = settings(max_examples=25, deadline=None,
 
 @pytest.fixture(scope="module", params=["llguidance", "outlines-core"])
 def compiled(request, vocab_of):
-    return compile(SCHEMA, vocab_of("llama3"), backend=request.param)
+    return compile(SCHEMA, vocab_of("llama3"), backend=request.param, whitespace="compact")
 
 
 def mask_of(state):

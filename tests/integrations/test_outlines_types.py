@@ -51,7 +51,7 @@ def tokenizer():
 
 
 def compiled_accepts(spec, tokenizer, text: str) -> bool:
-    compiled = cs.compile(spec, tokenizer)
+    compiled = cs.compile(spec, tokenizer, whitespace="compact")
     ids = tokenizer.encode(text, add_special_tokens=False)
     eos = compiled.vocabulary.eos_token_ids[0]
     return compiled.new_state().validate([*ids, eos]) == len(ids) + 1
