@@ -260,7 +260,7 @@ def test_undeclared_keys_are_not_generated_unless_allowed(gen, smollm2):
         free = loose.compile(loose._closed(cs.JsonSchema({"type": "object", "properties": {"a": {"type": "integer"}}})))
     finally:
         loose.close()
-    extra = gen.tokenizer.encode('{"a":1,"b":2}', add_special_tokens=False)
+    extra = gen.tokenizer.encode('{"a": 1, "b": 2}', add_special_tokens=False)  # the default spacing
     assert strict.new_state().validate(extra) < len(extra) and free.new_state().validate(extra) == len(extra)
 
 

@@ -229,10 +229,32 @@ def escape_regex(text: str) -> str:
     return "".join("\\" + ch if ch in _REGEX_META else ch for ch in text)
 
 
+MAX_NESTING = 64
+"""Deepest nesting of groups a regex or a grammar may have: the parsers that read them recurse
+once per level, and a deeper one is refused with a typed error before any of them runs."""
+
+
+def check_nesting(text: str, what: str, limit: int = MAX_NESTING) -> None:
+    """Raise ``UnsupportedFeature`` when ``text`` opens more than ``limit`` nested ``(`` / ``[``
+    (escaped brackets, and brackets inside character classes and quotes, counted as well: an
+    upper bound, which only matters for texts near the limit)."""
+    depth = deepest = 0
+    for char in text:
+        if char in "([":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in ")]" and depth:
+            depth -= 1
+    if deepest > limit:
+        raise UnsupportedFeature(f"{what} nests {deepest} levels of brackets; at most {limit} are supported",
+                                 feature="nesting depth")
+
+
 def check_regex(pattern: str) -> None:
-    """Reject a regex that is malformed or uses a feature no engine can express."""
+    """Reject a regex that is malformed, too deeply nested, or uses a feature no engine can express."""
     if not isinstance(pattern, str):
         raise TypeError("a regex pattern must be a string")
+    check_nesting(pattern, "the regex")
     try:
         parsed = sre_parse.parse(pattern)
     except re.error as exc:
@@ -282,7 +304,9 @@ def _read_grammar(source: Any) -> tuple[str, str]:
 
 
 def check_lark_grammar(text: str, origin: str = "<grammar text>") -> None:
-    """Load the grammar with lark; raise ``GrammarSyntaxError`` with line and column on failure."""
+    """Load the grammar with lark; raise ``GrammarSyntaxError`` with line and column on failure
+    (``UnsupportedFeature`` for one nested deeper than ``MAX_NESTING``)."""
+    check_nesting(text, f"{origin}")
     try:
         lark.Lark(text, start="start", parser="earley")
     except lark.exceptions.UnexpectedInput as exc:

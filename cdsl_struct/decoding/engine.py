@@ -281,7 +281,10 @@ class BatchEngine:
         with self._lock:
             admitted = self.scheduler.admit()
         for request in admitted:
-            self._start(request)
+            try:
+                self._start(request)
+            except Exception as exc:  # noqa: BLE001 - a row that cannot start ends alone, with its error
+                self._end(request, error=exc)
         rows: list[tuple[Request, Proposal]] = []
         for request in list(self.scheduler.running):
             if request.is_cancelled:

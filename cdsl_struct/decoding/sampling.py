@@ -14,7 +14,9 @@ from ..constraints.mask import apply_bitmask
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """``temperature == 0`` means greedy. ``top_p`` keeps the smallest nucleus of that mass."""
+    """``temperature == 0`` means greedy. ``top_p`` keeps the smallest nucleus of that mass.
+    ``seed``: any integer (OpenAI does not bound it); it is taken modulo 2**64, the range of
+    torch's generators, so every seed gives its own reproducible stream."""
 
     temperature: float = 0.0
     top_p: float = 1.0
@@ -25,6 +27,8 @@ class SamplingParams:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:
@@ -34,7 +38,7 @@ class SamplingParams:
         """A generator of this request's own on ``device``: seeded by ``seed``, else from the OS's
         entropy. The global RNG is never read or reseeded."""
         gen = torch.Generator(device=device)
-        gen.manual_seed(self.seed if self.seed is not None else secrets.randbits(63))
+        gen.manual_seed(self.seed % 2**64 if self.seed is not None else secrets.randbits(63))
         return gen
 
 

@@ -98,3 +98,13 @@ def test_whitespace_policies():
             WhitespacePolicy.parse(unbounded)
     with pytest.raises(CompileError, match="non-whitespace"):
         WhitespacePolicy.parse("[ a]?")
+
+
+def test_nesting_beyond_the_limit_is_refused_before_any_parser_recurses():
+    from cdsl_struct.constraints.specs import MAX_NESTING
+
+    Regex("(" * MAX_NESTING + "a" + ")" * MAX_NESTING)  # at the limit: fine
+    with pytest.raises(UnsupportedFeature, match="nests 400 levels"):
+        Regex("(" * 400 + "a" + ")" * 400)
+    with pytest.raises(UnsupportedFeature, match="nests 3000 levels"):
+        Grammar.from_text("start: " + "(" * 3000 + '"a"' + ")" * 3000)

@@ -118,6 +118,41 @@ def test_one_bad_row_never_harms_the_others(smollm2, parts):
     assert [r.wait().tokens for r in good] == [r.tokens for r in reference]
 
 
+class UnstartableConstraint:
+    """A constraint whose state cannot be made: the row fails while the engine admits it."""
+
+    def __init__(self, compiled):
+        self.compiled = compiled
+
+    def __getattr__(self, name):
+        return getattr(self.compiled, name)
+
+    def new_state(self):
+        raise OverflowError("cannot start this row")
+
+
+def test_a_row_that_fails_to_start_ends_alone_and_any_seed_is_taken(smollm2, parts):
+    rows = workload(smollm2, parts)[:2]
+    reference = engine_for(smollm2).run([Request(ids, c, max_tokens=20) for ids, c, _ in rows])
+    engine = engine_for(smollm2)
+    good = [engine.submit(Request(ids, c, max_tokens=20)) for ids, c, _ in rows]
+    engine.step()
+    broken = engine.submit(Request(rows[0][0], UnstartableConstraint(parts["person"]), max_tokens=20))
+    huge_seed = engine.submit(Request(rows[1][0], parts["person"], max_tokens=20,
+                                      params=SamplingParams(temperature=0.7, seed=2**70)))
+    while engine.busy:
+        engine.step()
+    with pytest.raises(OverflowError, match="cannot start"):
+        broken.wait()
+    assert huge_seed.wait().complete
+    assert [r.wait().tokens for r in good] == [r.tokens for r in reference]
+    first = SamplingParams(temperature=1.0, seed=2**70).generator()
+    assert torch.rand(1, generator=first) == torch.rand(1, generator=SamplingParams(temperature=1.0, seed=2**70)
+                                                        .generator())
+    with pytest.raises(ValueError, match="seed must be an integer"):
+        SamplingParams(seed="7")
+
+
 def test_batch_size_and_kv_budget_bound_the_rows_in_flight(smollm2, parts):
     rows = workload(smollm2, parts)[:4]
     reference = engine_for(smollm2).run([Request(ids, c, max_tokens=16) for ids, c, _ in rows])

@@ -262,3 +262,26 @@ def test_metrics_count_what_was_served(server):
     text = httpx.get(f"{root}/metrics").text
     assert 'cdsl_requests_total{route="/v1/chat/completions",status="200"}' in text
     assert "cdsl_batch_rows" in text and "cdsl_draft_accepted_tokens_total" in text
+
+
+def test_a_huge_seed_beside_ordinary_requests_fails_no_one(client):
+    """A seed beyond 64 bits once ended every running row with a 400; now each request stands alone."""
+    with ThreadPoolExecutor(3) as pool:
+        ordinary = [pool.submit(ask, client, PASSAGE, response_format=PERSON_FORMAT, max_tokens=30) for _ in range(2)]
+        seeded = pool.submit(ask, client, PASSAGE, response_format=PERSON_FORMAT, max_tokens=30, seed=2**70,
+                             temperature=0.7)
+        answers = [future.result() for future in (*ordinary, seeded)]
+    for answer in answers:
+        if answer.choices[0].finish_reason == "stop":
+            jsonschema.validate(json.loads(answer.choices[0].message.content), PERSON)
+    assert all(a.choices[0].finish_reason in ("stop", "length") for a in answers)
+
+
+@pytest.mark.parametrize("extra", [{"regex": "(" * 400 + "a" + ")" * 400},
+                                   {"grammar": "start: " + "(" * 400 + '"a"' + ")" * 400}])
+def test_deeply_nested_regex_or_grammar_is_a_400_not_a_500(client, extra):
+    with pytest.raises(openai.BadRequestError) as caught:
+        ask(client, "x", max_tokens=4, extra_body=extra)
+    error = caught.value.body
+    assert error["code"] == "unsupported_feature" and "nests 400 levels" in error["message"]
+    assert ask(client, "Say hi.", max_tokens=2).choices[0].finish_reason in ("stop", "length")  # still serving
