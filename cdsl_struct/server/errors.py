@@ -7,7 +7,9 @@ including its own request validation and routing errors, in that shape.
 
 from __future__ import annotations
 
+import logging
 import re
+import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -16,7 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import (
-    CdslError,
+    CompileError,
     CompileTimeout,
     GrammarSyntaxError,
     InvalidSchema,
@@ -24,6 +26,8 @@ from ..errors import (
     UnsatisfiableSchema,
     UnsupportedFeature,
 )
+
+_log = logging.getLogger("cdsl_struct.server")
 
 _STATUS_TYPES = {
     400: "invalid_request_error",
@@ -69,8 +73,10 @@ def from_exception(exc: BaseException, *, param: str | None = None) -> APIError:
     """The ``APIError`` for an exception raised while handling a request.
 
     Constraint errors (invalid schema, grammar syntax, unsupported feature, unsatisfiable schema,
-    compile timeout) and ``ValueError`` (bad parameters) are the client's: 400 with the reason.
-    ``param`` names the request field that carried the constraint. Anything else is a 500.
+    compile timeout), a prompt too long and ``ValueError`` (bad parameters) are the client's: 400
+    with the reason. ``param`` names the request field that carried the constraint. Anything else,
+    the library's own errors while decoding included (``InvalidToken``, ``RollbackError``...), is
+    the server's fault: 500 with a request id, the traceback in the server's log under that id.
     """
     if isinstance(exc, APIError):
         return exc
@@ -85,14 +91,23 @@ def from_exception(exc: BaseException, *, param: str | None = None) -> APIError:
                        (GrammarSyntaxError, "grammar_syntax_error")):
         if isinstance(exc, kind):
             return APIError(400, str(exc), param=param, code=code)
-    if isinstance(exc, CdslError):
+    if isinstance(exc, CompileError):
         return APIError(400, str(exc), param=param, code=_snake(type(exc).__name__))
     if isinstance(exc, ValueError):
         return APIError(400, str(exc) or type(exc).__name__, code="invalid_value")
     if _is_template_error(exc):
         return APIError(400, f"The chat template refused the messages: {exc}", param="messages",
                         code="invalid_messages")
-    return APIError(500, f"Internal error: {type(exc).__name__}: {exc}", code="internal_error")
+    return internal_error(exc)
+
+
+def internal_error(exc: BaseException) -> APIError:
+    """A 500 for a fault of the server's: logged with its traceback under a fresh request id,
+    which the body and the ``x-request-id`` header carry so the two can be matched."""
+    request_id = "req_" + uuid.uuid4().hex[:16]
+    _log.error("internal error in request %s", request_id, exc_info=(type(exc), exc, exc.__traceback__))
+    return APIError(500, f"Internal error ({type(exc).__name__}); request id {request_id} (see the server log).",
+                    code="internal_error", headers={"x-request-id": request_id})
 
 
 def _is_template_error(exc: BaseException) -> bool:

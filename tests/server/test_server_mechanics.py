@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from cdsl_struct.errors import CompileTimeout, GrammarSyntaxError, InvalidSchema, UnsupportedFeature
+from cdsl_struct.errors import CompileTimeout, GrammarSyntaxError, InvalidSchema, RollbackError, UnsupportedFeature
 from cdsl_struct.result import Result
 from cdsl_struct.tools import ToolCall
 
@@ -57,6 +57,8 @@ class FakeGenerator:
             return Result(text="", tokens=[], finish_reason="cancelled", complete=False)
         if text == "timeout":
             raise CompileTimeout("compiling took more than 0.01 s")
+        if text == "internal":
+            raise RollbackError("cannot roll back 3 tokens: 2 advanced")
         if kwargs.get("grammar") == "start: (":
             raise GrammarSyntaxError("unexpected end of grammar at line 1 column 9", line=1, column=9)
         if kwargs.get("regex") == "(?<=a)b":
@@ -217,6 +219,16 @@ def test_bad_requests_are_400(fake, kwargs, code, param, words):
     error = caught.value.body
     assert caught.value.status_code == 400 and error["code"] == code and error["param"] == param
     assert words in error["message"] and error["type"] == "invalid_request_error"
+
+
+def test_a_fault_of_the_server_is_a_500_with_a_request_id_in_the_log(fake, caplog):
+    with pytest.raises(openai.InternalServerError) as caught:
+        chat(client_for(fake[1]), "internal")
+    error = caught.value.body
+    request_id = caught.value.response.headers["x-request-id"]
+    assert error["code"] == "internal_error" and error["type"] == "server_error"
+    assert request_id in error["message"] and "RollbackError" in error["message"]
+    assert any(request_id in record.getMessage() and record.exc_info for record in caplog.records)
 
 
 def test_a_body_that_does_not_fit_the_request_schema_is_422(fake):
