@@ -65,5 +65,9 @@ class IncompatibleTokenizers(CdslError):
     """Two tokenizers (e.g. draft and target) do not map token ids to the same bytes."""
 
 
+class OutputInvalid(CdslError):
+    """A finished output that does not satisfy its constraint (an engine fault): never returned as valid."""
+
+
 class PromptTooLong(CdslError, ValueError):
     """A prompt over the model's context (with ``max_tokens``) or the configured prompt limit."""

@@ -10,6 +10,19 @@ if TYPE_CHECKING:
     from .tools import ToolCall
 
 
+def _check_schema(schema: Any, data: Any) -> None:
+    import jsonschema
+
+    from .errors import OutputInvalid
+
+    try:
+        error = jsonschema.exceptions.best_match(jsonschema.validators.validator_for(schema)(schema).iter_errors(data))
+    except jsonschema.exceptions.SchemaError:
+        return  # the schema was checked when the spec was made; a meta-schema quirk is not the output's fault
+    if error is not None:
+        raise OutputInvalid(f"the finished output does not satisfy the schema: {error.message}")
+
+
 @dataclass
 class DecodeStats:
     """Counters of one decode; they compare strategies independently of the machine."""
@@ -77,12 +90,28 @@ class Result:
 
 
 def parse_value(spec: Any, text: str) -> Any:
-    """The value of a complete output: JSON (or a pydantic instance), a ``lark.Tree``, or text."""
+    """The value of a complete output: JSON (or a pydantic instance), a ``lark.Tree``, or text.
+
+    JSON is validated against the schema as given (``jsonschema``; a pydantic model validates
+    its own instance): an output an engine let through that the schema refuses raises
+    ``OutputInvalid`` rather than being returned as a value.
+    """
     kind = getattr(spec, "kind", "")
     if kind == "json_schema":
-        data = json.loads(text)
+        from .errors import OutputInvalid
+
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise OutputInvalid(f"the finished output is not JSON: {exc}") from None
         model = getattr(spec, "model", None)
-        return model.model_validate(data) if model is not None else data
+        if model is not None:
+            try:
+                return model.model_validate(data)
+            except ValueError as exc:  # pydantic's ValidationError
+                raise OutputInvalid(f"the finished output does not satisfy {model.__name__}: {exc}") from None
+        _check_schema(spec.schema, data)
+        return data
     if kind == "grammar":
         return spec.parse(text)
     return text

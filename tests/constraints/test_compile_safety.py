@@ -146,3 +146,16 @@ def test_unsupported_feature_still_falls_back(vocab_of, monkeypatch):
     compiled = compile(Regex("fall[0-9]"), vocab_of("gpt2"), backend="auto", cache=False)
     assert compiled.backend == "outlines-core"
     assert compiled.skipped == [("llguidance", "llguidance: not today")]
+
+
+def test_a_finished_output_is_validated_against_the_schema_as_given():
+    from cdsl_struct.errors import OutputInvalid
+
+    spec = JsonSchema({"type": "object", "properties": {"age": {"type": "integer", "maximum": 150}},
+                       "required": ["age"]})
+    assert parse_value(spec, '{"age": 36}') == {"age": 36}
+    for bad in ('{"age": 151}', '{"age": "36"}', "{}", '{"age": 3'):
+        with pytest.raises(OutputInvalid):
+            parse_value(spec, bad)
+    with pytest.raises(OutputInvalid, match="Pet"):
+        parse_value(JsonSchema(Dog), '{"name": "Rex"}')
