@@ -254,9 +254,18 @@ class BatchEngine:
             thread.join()
 
     def close(self) -> None:
-        """Stop the loop and the mask threads; the engine takes no more requests."""
+        """Stop the loop and the mask threads; the engine takes no more requests. Every request
+        still in it ends, so no caller waits forever: a running row with its partial output
+        (``finish_reason="cancelled"``), a waiting one with ``RequestCancelled``."""
         self._closed = True
         self.stop()
+        with self._lock:
+            waiting, self.scheduler.waiting = list(self.scheduler.waiting), deque()
+            running = list(self.scheduler.running)
+        for request in running:
+            self._end(request, reason="cancelled")
+        for request in waiting:
+            self._end(request)
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
@@ -279,7 +288,12 @@ class BatchEngine:
     def step(self) -> None:
         """Admit what fits, then one propose / forward / verify round over the running rows."""
         with self._lock:
+            dropped = [r for r in self.scheduler.waiting if r.is_cancelled]
+            for request in dropped:
+                self.scheduler.waiting.remove(request)
             admitted = self.scheduler.admit()
+        for request in dropped:  # cancelled before they started: they end now, not when a row frees
+            self._end(request)
         for request in admitted:
             try:
                 self._start(request)

@@ -153,6 +153,36 @@ def test_a_row_that_fails_to_start_ends_alone_and_any_seed_is_taken(smollm2, par
         SamplingParams(seed="7")
 
 
+def test_a_request_cancelled_while_waiting_ends_at_the_next_step(smollm2, parts):
+    from cdsl_struct.decoding.engine import RequestCancelled
+
+    rows = workload(smollm2, parts)[:2]
+    engine = engine_for(smollm2, batch=1)
+    running = engine.submit(Request(rows[0][0], rows[0][1], max_tokens=20))
+    queued = engine.submit(Request(rows[1][0], rows[1][1], max_tokens=20))
+    engine.step()
+    queued.cancel()
+    engine.step()
+    assert queued.done and not running.done  # it did not wait for the running row to free its place
+    with pytest.raises(RequestCancelled):
+        queued.wait(0)
+
+
+def test_closing_the_engine_ends_every_request_it_holds(smollm2, parts):
+    from cdsl_struct.decoding.engine import RequestCancelled
+
+    rows = workload(smollm2, parts)[:2]
+    engine = engine_for(smollm2, batch=1)
+    running = engine.submit(Request(rows[0][0], rows[0][1], max_tokens=200))
+    queued = engine.submit(Request(rows[1][0], rows[1][1], max_tokens=20))
+    engine.step()
+    engine.close()
+    partial = running.wait(5)
+    assert partial.finish_reason == "cancelled" and not partial.complete and partial.value is None
+    with pytest.raises(RequestCancelled):
+        queued.wait(5)
+
+
 def test_batch_size_and_kv_budget_bound_the_rows_in_flight(smollm2, parts):
     rows = workload(smollm2, parts)[:4]
     reference = engine_for(smollm2).run([Request(ids, c, max_tokens=16) for ids, c, _ in rows])
