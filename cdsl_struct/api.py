@@ -97,13 +97,16 @@ class Generator:
     Outlines, XGrammar and vLLM) closes JSON objects that list ``properties`` to keys they do not
     declare (``constraints.closed_objects``); True decodes schemas exactly as given.
     ``max_prompt_tokens``: longer prompts raise ``PromptTooLong`` (the model's context always bounds them).
+    ``loop_guard`` (default on): a row whose output starts repeating one block of tokens is
+    steered out of the cycle instead of running to ``max_tokens`` (``decoding.loops``; target
+    and speculative rows; it never loosens a constraint).
     """
 
     def __init__(self, model: str | LoadedModel = "smollm2", *, draft: str | None = "auto",
                  backend: str = "auto", whitespace: str = DEFAULT_WHITESPACE, compile_timeout: float = 30.0,
                  k: int = 6, device: Any = "auto", dtype: Any = "auto", max_batch_size: int = 16,
                  kv_budget_gb: float | None = None, extra_properties: bool = False,
-                 max_prompt_tokens: int | None = None) -> None:
+                 max_prompt_tokens: int | None = None, loop_guard: bool = True) -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         self.loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device, dtype=dtype)
@@ -115,6 +118,7 @@ class Generator:
         self.compile_timeout = compile_timeout
         self.extra_properties = extra_properties
         self.max_prompt_tokens = max_prompt_tokens
+        self.loop_guard = loop_guard
         self.k = k
         self.draft: str | None = None if draft in (None, "none") else (AUTO_DRAFT if draft == "auto" else draft)
         self.target = ModelRunner(self.loaded.model)
@@ -317,7 +321,7 @@ class Generator:
                 if request.method == "speculative" else []
             row = Request(prompt, compiled, request.params, request.max_tokens, proposers, self.k, on_tokens,
                           stop=request.stop, penalties=request.penalties, logprobs=request.logprobs,
-                          cancel_event=cancel)
+                          cancel_event=cancel, loop_guard=self.loop_guard)
             result = self.engine.submit(row).wait()
         if emit is not None:
             emit(holdback.push(deltas.flush()))

@@ -34,6 +34,8 @@ class DecodeStats:
     proposed: int = 0
     accepted: int = 0
     forced: int = 0
+    loop_guarded: int = 0
+    """Positions where the loop guard (``decoding.loops``) penalised a cycle's continuation."""
     mask_seconds: float = 0.0
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0

@@ -14,7 +14,9 @@ Settings:
 - ``free``: unconstrained generation, then parse (the first JSON object / option / regex match
   in the text): the baseline people use;
 - ``<policy>``: constrained under a JSON whitespace policy (``compact``, ``spaced``,
-  ``flexible``, ``newlines``, ``any`` or a bounded regex).
+  ``flexible``, ``newlines``, ``any`` or a bounded regex), with the loop guard on, as the
+  library decodes by default (``decoding.loops``);
+- ``<policy>+noguard``: the same without the loop guard (what the guard costs or saves).
 
 Choice and regex answers do not depend on the whitespace policy, so they are decoded once and
 shared by the constrained settings (their time counts once, for the first setting that decoded
@@ -93,12 +95,16 @@ class SettingRun:
     wall_seconds: float = 0.0
 
 
-def parse_setting(name: str) -> str | None:
-    """``"flexible"`` -> the whitespace policy (name or bounded regex); ``"free"`` -> None."""
-    if name == "free":
-        return None
-    WhitespacePolicy.parse(name)  # a bad or unbounded pattern fails here, before any decoding
-    return name
+def parse_setting(name: str) -> tuple[str | None, bool]:
+    """``"flexible"`` -> (the whitespace policy, loop guard on); ``"flexible+noguard"`` -> the
+    same with the loop guard off; ``"free"`` -> (None, True)."""
+    base, _, extra = name.partition("+")
+    if extra not in ("", "noguard"):
+        raise ValueError(f"unknown setting {name!r}: use free, a whitespace policy, or POLICY+noguard")
+    if base == "free":
+        return None, not extra
+    WhitespacePolicy.parse(base)  # a bad or unbounded pattern fails here, before any decoding
+    return base, not extra
 
 
 # --- scoring ------------------------------------------------------------------------------------
@@ -177,7 +183,7 @@ def _loads(text: str) -> Any:
 def usable_tasks(tasks: list[Task], generator: Any, settings: tuple[str, ...]) -> tuple[list[Task], list[str]]:
     """The tasks every setting can compile (llguidance and outlines-core refuse some schemas)."""
     keep, dropped = [], []
-    patterns = {parse_setting(s) for s in settings} - {None}
+    patterns = {parse_setting(s)[0] for s in settings} - {None}
     for task in tasks:
         if task.kind != "extract":
             keep.append(task)
@@ -247,8 +253,8 @@ def run_quality(data_dir: str | Path, config: QualityConfig, progress: bool = Tr
             order = list(config.settings)
             order = order[number % len(order):] + order[:number % len(order)]
             for name in order:
-                pattern = parse_setting(name)
-                generator.whitespace = pattern or "compact"
+                pattern, guard = parse_setting(name)
+                generator.whitespace, generator.loop_guard = pattern or "compact", guard
                 todo = chunk if pattern is None else [t for t in chunk if t.kind == "extract" or t.id not in shared]
                 if progress:
                     print(f"[quality] {config.split} chunk {number + 1}/{len(chunks)}: {name}", flush=True)
@@ -404,7 +410,7 @@ def choose_default(table: dict[str, Any]) -> str | None:
     candidates = []
     for name, row in table.items():
         entry = row.get("extract")
-        if name == "free" or entry is None:
+        if name == "free" or "+" in name or entry is None:
             continue
         if entry.get("tokens_vs_compact_form", 1.0) > TOKEN_BUDGET or entry["length_cut_share"] > LENGTH_CUT_BUDGET:
             continue
@@ -454,7 +460,7 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--cases", type=int, default=defaults.cases, help="cases per split")
     parser.add_argument("--settings", default=",".join(defaults.settings),
                         help="comma-separated: free, compact, spaced, flexible, newlines, any, a bounded "
-                             "whitespace regex")
+                             "whitespace regex, each optionally +noguard (loop guard off)")
     parser.add_argument("--kinds", default=",".join(defaults.kinds), help="task kinds: extract, choice, regex")
     parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens)
     parser.add_argument("--concurrency", type=int, default=defaults.concurrency, help="rows decoded together")

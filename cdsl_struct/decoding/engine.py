@@ -37,6 +37,7 @@ from ..models.batch import BatchRunner, Feed
 from ..result import DecodeStats, Result
 from .logprobs import MAX_TOP_LOGPROBS, token_logprobs
 from .loop import Proposal, Proposer, Session, commit, fill_deferred_masks, finish, propose, truncate
+from .loops import guard_loops
 from .penalties import Penalties
 from .sampling import SamplingParams
 from .stops import StopStrings
@@ -70,6 +71,7 @@ class Request:
     on_tokens: Callable[[list[int]], None] | None = None
     stop: Sequence[str] = ()
     penalties: Penalties | None = None
+    loop_guard: bool = False
     logprobs: int | None = None
     cancel_event: threading.Event | None = None
     request_id: str = field(default_factory=lambda: f"req-{next(_ids)}")
@@ -368,9 +370,12 @@ class BatchEngine:
         logits = torch.cat([lg for _, _, lg in rows])
         offset = 0
         for request, proposal, row_logits in rows:
+            row_scores = logits[offset:offset + len(row_logits)]
             if request.penalties is not None and request.penalties.active:
-                request.penalties.apply(logits[offset:offset + len(row_logits)], request.session.output,
-                                        proposal.tokens)
+                request.penalties.apply(row_scores, request.session.output, proposal.tokens)
+            if request.loop_guard:
+                request.session.stats.loop_guarded += guard_loops(row_scores, request.session.output,
+                                                                  proposal.tokens)
             offset += len(row_logits)
         masks = torch.stack([m for _, p, _ in rows for m in p.masks])
         masked = apply_bitmask(logits, masks)

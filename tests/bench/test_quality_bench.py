@@ -106,8 +106,11 @@ def test_helpers():
     assert leaves({"a": 1, "b": {"c": "x", "d": True}}) == {("a",): 1, ("b", "c"): "x", ("b", "d"): True}
     assert first_json_object('text {"a": [1, {"b": 2}]} more {"c": 3}') == {"a": [1, {"b": 2}]}
     assert same_value(1, 1.0) and not same_value(True, 1) and not same_value("1", 1)
-    assert parse_setting("free") is None
-    assert parse_setting("newlines") == "newlines" and parse_setting("[ ]{0,2}") == "[ ]{0,2}"
+    assert parse_setting("free") == (None, True)
+    assert parse_setting("newlines") == ("newlines", True) and parse_setting("[ ]{0,2}") == ("[ ]{0,2}", True)
+    assert parse_setting("flexible+noguard") == ("flexible", False)
+    with pytest.raises(ValueError):
+        parse_setting("flexible+canonical")
     with pytest.raises(CompileError):
         parse_setting("[ ]*")  # unbounded whitespace is never a candidate
     rows = [(random.Random(i).randint(0, 3), 3) for i in range(50)]
@@ -123,7 +126,7 @@ def test_the_default_is_the_most_accurate_policy_within_the_token_and_length_bud
                             "length_cut_share": cut}}
 
     table = {"free": row(0.9, 1.0), "compact": row(0.5, 1.0), "spaced": row(0.7, 1.08),
-             "newlines": row(0.8, 1.45), "any": row(0.85, 1.2, cut=0.02)}
+             "newlines": row(0.8, 1.45), "any": row(0.85, 1.2, cut=0.02), "spaced+noguard": row(0.9, 1.0)}
     assert choose_default(table) == "spaced"  # newlines is 45% longer, any loops too often, free is no policy
     table["flexible"] = row(0.7, 1.05)
     assert choose_default(table) == "flexible"  # a tie goes to fewer tokens

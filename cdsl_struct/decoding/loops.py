@@ -1,0 +1,57 @@
+"""The loop guard: a row that starts repeating itself is not allowed to go round again.
+
+Small models under a constraint sometimes fall into a cycle they never leave
+(``"NuTek-NuTek-NuTek-..."``, ``"cheese", "cheese", ...``) until ``max_tokens`` cuts the output,
+which is then incomplete. The guard looks at a row's output before each position the target
+scores: when its last tokens are the same block of ``p`` tokens repeated (at least
+``MIN_REPEATS`` times and ``MIN_TOKENS`` tokens in all, for ``p`` up to ``MAX_PERIOD``), the
+token that would start the block once more loses ``PENALTY`` from its logit, before the mask.
+
+It changes nothing else: outputs without such a cycle are untouched, and because it acts before
+the constraint's mask it never admits a forbidden token; when the constraint forces the cycle's
+next token (no other token allowed), that token is still taken. Speculative verification scores
+the same guarded logits, so speculation stays lossless. ``Generator(loop_guard=False)`` turns it
+off (a legitimate output such as an array of many equal values is then not nudged to end).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+MIN_REPEATS = 3
+MIN_TOKENS = 8
+MAX_PERIOD = 16
+PENALTY = 1.0e4
+"""Large enough to act as a ban, finite so a token the constraint forces still wins."""
+
+
+def loop_continuation(history: Sequence[int]) -> int | None:
+    """The token that would repeat the cycle ``history`` ends in, or None when it ends in none."""
+    length = len(history)
+    for period in range(1, MAX_PERIOD + 1):
+        span = period * max(MIN_REPEATS, -(-MIN_TOKENS // period))
+        if span > length:
+            if period * MIN_REPEATS > length:
+                break
+            continue
+        start = length - span
+        if all(history[i] == history[i - period] for i in range(length - 1, start + period - 1, -1)):
+            return history[length - period]
+    return None
+
+
+def guard_loops(logits: torch.Tensor, output: Sequence[int], proposed: Sequence[int]) -> int:
+    """Penalise, in place, each position's cycle continuation; row ``i`` of ``logits`` scores the
+    position after ``output + proposed[:i]``. Returns how many positions were penalised."""
+    history = list(output)
+    penalised = 0
+    for i in range(logits.shape[0]):
+        if i:
+            history.append(proposed[i - 1])
+        token = loop_continuation(history)
+        if token is not None:
+            logits[i, token] -= PENALTY
+            penalised += 1
+    return penalised

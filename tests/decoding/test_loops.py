@@ -1,0 +1,58 @@
+"""The loop guard: which cycles it sees, what it penalises, and that it never loosens a constraint."""
+
+import pytest
+import torch
+
+from cdsl_struct import JsonSchema, compile
+from cdsl_struct.decoding.engine import BatchEngine, Request
+from cdsl_struct.decoding.loops import MIN_TOKENS, PENALTY, guard_loops, loop_continuation
+from cdsl_struct.models.batch import BatchRunner
+from cdsl_struct.prompts import prompt_ids
+
+
+@pytest.mark.parametrize(("history", "expected"), [
+    ([5, 1, 2, 3, 1, 2, 3, 1, 2, 3], 1),               # a block of three, three times: the block starts again
+    ([9, 7, 7, 7, 7, 7, 7, 7, 7], 7),                  # one token eight times
+    ([7] * (MIN_TOKENS - 1), None),                     # one token, too few times
+    ([1, 2, 1, 2, 1, 2], None),                         # a block of two needs four rounds (eight tokens)
+    ([1, 2, 1, 2, 1, 2, 1, 2], 1),
+    ([1, 2, 3, 1, 2, 3, 1, 2, 4], None),                # broken cycle
+    ([], None),
+    (list(range(40)), None),
+])
+def test_loop_continuation(history, expected):
+    assert loop_continuation(history) == expected
+
+
+def test_guard_penalises_each_scored_position_from_its_own_history():
+    logits = torch.zeros(3, 10)
+    output = [4, 5, 6] * 2 + [4, 5]
+    penalised = guard_loops(logits, output, proposed=[6, 4])
+    # position 0 follows ...4 5 (no third round yet), position 1 follows ...4 5 6 (third round done)
+    assert penalised == 2
+    assert logits[0].eq(0).all()
+    assert logits[1, 4] == -PENALTY and logits[2, 5] == -PENALTY
+
+
+@pytest.fixture(scope="module")
+def looping(smollm2, one_torch_thread):
+    """A prompt that makes SmolLM2 repeat an array item until max_tokens without the guard."""
+    schema = {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "string"}}},
+              "required": ["items"], "additionalProperties": False}
+    compiled = compile(JsonSchema(schema), smollm2.tokenizer, eos_token_ids=smollm2.eos_token_ids)
+    ids = prompt_ids(smollm2.tokenizer, "Write the word cheese many times as a JSON array of strings.")
+    return compiled, ids
+
+
+def run(smollm2, compiled, ids, guard):
+    engine = BatchEngine(BatchRunner(smollm2.model, pad_token_id=smollm2.eos_token_ids[0]), max_batch_size=2)
+    return engine.run([Request(ids, compiled, max_tokens=80, loop_guard=guard)])[0]
+
+
+def test_the_guard_ends_a_cycle_the_model_would_repeat_to_max_tokens(smollm2, looping):
+    compiled, ids = looping
+    unguarded = run(smollm2, compiled, ids, guard=False)
+    guarded = run(smollm2, compiled, ids, guard=True)
+    assert unguarded.finish_reason == "length" and unguarded.stats.loop_guarded == 0, unguarded.text
+    assert guarded.finish_reason == "stop" and guarded.complete and guarded.stats.loop_guarded > 0, guarded.text
+    assert isinstance(guarded.value["items"], list)  # valid under the schema: parse_value checked it
