@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import CdslError
-from .options import BACKENDS, METHODS, add_whitespace_option
+from .options import BACKENDS, METHODS, add_output_options
 
 EXIT_ERROR = 2
 EXIT_INCOMPLETE = 3
@@ -45,7 +45,7 @@ def add_generate_parser(commands: Any) -> argparse.ArgumentParser:
                      help="draft: auto (prompt lookup), none, lookup, bf16, layers:N or a model (default auto)")
     gen.add_argument("--backend", default="auto", choices=BACKENDS,
                      help="constraint engine (default auto)")
-    add_whitespace_option(gen)
+    add_output_options(gen)
     add_device_arguments(gen)
     gen.add_argument("--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default); above 0 samples")
@@ -78,8 +78,8 @@ def run_generate(args: argparse.Namespace) -> int:
         prompt = _prompt(args.prompt)
         kwargs = _constraint_kwargs(args)
         generator = cached_generator(args.model, None if args.draft == "none" else args.draft, backend=args.backend,
-                                     whitespace=args.whitespace, device=args.device, dtype=args.dtype,
-                                     max_batch_size=args.max_batch_size)
+                                     whitespace=args.whitespace, loop_guard=args.loop_guard, device=args.device,
+                                     dtype=args.dtype, max_batch_size=args.max_batch_size)
         output = generator.generate(prompt, method=args.method, max_tokens=args.max_tokens,
                                     temperature=args.temperature, top_p=args.top_p, seed=args.seed,
                                     stream=args.stream, **kwargs)

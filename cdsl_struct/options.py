@@ -17,8 +17,12 @@ DEFAULT_WHITESPACE = "spaced"
 the model's own spacing after ``:`` and ``,`` keeps its answers right (BENCHMARKS.md)."""
 
 
-def add_whitespace_option(parser: Any) -> None:
-    """``--whitespace``, the same option with the same default for every command that decodes JSON."""
+def add_output_options(parser: Any) -> None:
+    """``--whitespace`` and ``--no-loop-guard``: the same options with the same defaults for every
+    command that decodes (``generate``, ``batch``, ``serve``)."""
     parser.add_argument("--whitespace", default=DEFAULT_WHITESPACE,
                         help=f"JSON whitespace: {', '.join(WHITESPACE_POLICIES)} or a bounded regex "
                              f"(default {DEFAULT_WHITESPACE}, chosen by bench quality)")
+    parser.add_argument("--no-loop-guard", dest="loop_guard", action="store_false",
+                        help="let an output that repeats one block of tokens run on to max_tokens "
+                             "(by default the block's next repeat is steered away from)")

@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from .tools.definitions import CALL_MARKER
+from .tools.definitions import CALL_MARKER, RESULT_CLOSE, RESULT_OPEN
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -14,13 +14,19 @@ ROLES = ("system", "user", "assistant", "tool")
 def normalise_messages(messages: Sequence[Any]) -> list[dict[str, str]]:
     """Messages as ``{"role", "content"}`` dicts with text content.
 
-    Content may be a string, None, or a list of ``{"type": "text", "text": ...}`` parts. An
-    assistant message's ``tool_calls`` (OpenAI format) are written the way the model is told to
-    write calls, so earlier calls read as the model's own. ``ValueError`` on anything else.
+    Content may be a string, None, or a list of ``{"type": "text", "text": ...}`` parts. Tool
+    calling is written in one convention whatever the chat template knows (hermes, which
+    ``CALL_MARKER`` follows): an assistant message's ``tool_calls`` (OpenAI format) become
+    ``<tool_call>{"name": ..., "arguments": ...}`` the way the model is told to write calls, so
+    earlier calls read as the model's own; a ``tool`` message becomes
+    ``<tool_response>{"name": ..., "content": ...}</tool_response>`` in a user turn (the function's
+    name found by ``tool_call_id``), results in a row sharing one turn. ``ValueError`` on anything else.
     """
     if not messages:
         raise ValueError("messages must not be empty")
-    normalised = []
+    normalised: list[dict[str, str]] = []
+    names: dict[str, str] = {}  # call id -> function name, for the results that answer the calls
+    results_turn = None  # the turn holding the latest tool results, while nothing else follows them
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise ValueError(f"message {i} must be a dict with a 'role' and 'content'")
@@ -30,12 +36,28 @@ def normalise_messages(messages: Sequence[Any]) -> list[dict[str, str]]:
         if role not in ROLES:
             raise ValueError(f"message {i} has unknown role {role!r}; use one of {', '.join(ROLES)}")
         content = _text_content(message.get("content"), i)
+        if role == "tool":
+            result = _result_text(message, content, names)
+            if results_turn is None:
+                results_turn = {"role": "user", "content": result}
+                normalised.append(results_turn)
+            else:
+                results_turn["content"] += "\n" + result
+            continue
+        if role == "user" and results_turn is not None:  # roles must alternate in many templates
+            results_turn["content"] += "\n\n" + content
+            continue
+        results_turn = None
         calls = message.get("tool_calls")
         if role == "assistant" and calls:
-            content += "".join(CALL_MARKER + json.dumps(_call_as_json(c, i), ensure_ascii=False, separators=(",", ":"))
-                               for c in calls)
+            content += "".join(_written_call(call, i, names) for call in calls)
         normalised.append({"role": role, "content": content})
     return normalised
+
+
+def ends_with_results(messages: Sequence[Any]) -> bool:
+    """Whether the model's next reply follows tool results (the last message has role ``tool``)."""
+    return bool(messages) and isinstance(messages[-1], dict) and messages[-1].get("role") == "tool"
 
 
 def _text_content(content: Any, index: int) -> str:
@@ -54,6 +76,14 @@ def _text_content(content: Any, index: int) -> str:
     raise ValueError(f"message {index}: content must be a string, a list of text parts or None")
 
 
+def _written_call(call: Any, index: int, names: dict[str, str]) -> str:
+    """A call as the model writes it (``json.dumps`` layout, as in the tools prompt); notes its id."""
+    written = _call_as_json(call, index)
+    if isinstance(call.get("id"), str):
+        names[call["id"]] = written["name"]
+    return CALL_MARKER + json.dumps(written, ensure_ascii=False)
+
+
 def _call_as_json(call: Any, index: int) -> dict[str, Any]:
     function = call.get("function") if isinstance(call, dict) else None
     if not isinstance(function, dict) or "name" not in function:
@@ -65,6 +95,17 @@ def _call_as_json(call: Any, index: int) -> dict[str, Any]:
         except json.JSONDecodeError:
             raise ValueError(f"message {index}: tool call arguments are not JSON") from None
     return {"name": function["name"], "arguments": arguments}
+
+
+def _result_text(message: dict[str, Any], content: str, names: dict[str, str]) -> str:
+    """A tool message as ``<tool_response>``: JSON content is shown as JSON, other text as a string."""
+    try:
+        value: Any = json.loads(content)
+    except json.JSONDecodeError:
+        value = content
+    name = names.get(message.get("tool_call_id") or "") or message.get("name")
+    shown = {"name": name, "content": value} if isinstance(name, str) else {"content": value}
+    return f"{RESULT_OPEN}\n{json.dumps(shown, ensure_ascii=False)}\n{RESULT_CLOSE}"
 
 
 def with_system(messages: list[dict[str, str]], text: str) -> list[dict[str, str]]:
@@ -82,6 +123,9 @@ def prompt_ids(tokenizer: Any, prompt: str | Sequence[Any], *, chat: bool = True
     A string is one user message when ``chat`` is true and the tokenizer has a chat template,
     otherwise it is encoded as it is (``system`` text, if any, goes before it). Messages are
     rendered with the chat template (a plain ``role: content`` layout when there is none).
+    When the messages end with tool results and ``system`` has an ``after_results`` instruction
+    (a ``ToolPrompt``), that instruction follows the results as a system message, or, where the
+    template refuses a system message there, closes the results' turn.
     """
     if isinstance(prompt, str):
         if not (chat and getattr(tokenizer, "chat_template", None)):
@@ -92,10 +136,25 @@ def prompt_ids(tokenizer: Any, prompt: str | Sequence[Any], *, chat: bool = True
         messages = normalise_messages(prompt)
     else:
         raise ValueError(f"a prompt is a string or a list of messages, got {type(prompt).__name__}")
+    after_results = getattr(system, "after_results", None)
     if system:
         messages = with_system(messages, system)
-    if getattr(tokenizer, "chat_template", None):
-        encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
-    layout = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
-    return list(tokenizer(layout)["input_ids"])
+    if not getattr(tokenizer, "chat_template", None):
+        if after_results and ends_with_results(prompt):
+            messages = [*messages, {"role": "system", "content": after_results}]
+        layout = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+        return list(tokenizer(layout)["input_ids"])
+    if after_results and ends_with_results(prompt):
+        from jinja2 import TemplateError  # what chat templates raise; there with every template
+
+        try:
+            return _templated(tokenizer, [*messages, {"role": "system", "content": after_results}])
+        except TemplateError:  # e.g. templates that allow a system message only first
+            last = messages[-1]
+            messages = [*messages[:-1], {**last, "content": f"{last['content']}\n\n{after_results}"}]
+    return _templated(tokenizer, messages)
+
+
+def _templated(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)

@@ -58,7 +58,7 @@ def test_a_compiled_constraint_for_the_transformers_processor_uses_the_default(v
     assert compiled.whitespace.name == DEFAULT_WHITESPACE
 
 
-def test_a_batch_job_passes_its_whitespace_to_its_generator(monkeypatch):
+def test_a_batch_job_passes_its_output_options_to_its_generator(monkeypatch):
     seen = {}
 
     class Recorder:
@@ -66,8 +66,19 @@ def test_a_batch_job_passes_its_whitespace_to_its_generator(monkeypatch):
             seen.update(options)
 
     monkeypatch.setattr("cdsl_struct.api.Generator", Recorder)
-    BatchJob(whitespace="flexible").generator()
-    assert seen["whitespace"] == "flexible"
+    BatchJob(whitespace="flexible", loop_guard=False).generator()
+    assert seen["whitespace"] == "flexible" and seen["loop_guard"] is False
+
+
+def test_the_loop_guard_is_on_everywhere_unless_turned_off():
+    assert _default(Generator.__init__, "loop_guard") is True and BatchJob().loop_guard is True
+    assert _default(serve, "loop_guard") is True
+    for add_parser, argv in ((add_generate_parser, ["generate", "p"]), (add_batch_parser, ["batch", "i", "o"]),
+                             (add_serve_parser, ["serve"])):
+        parser = argparse.ArgumentParser()
+        add_parser(parser.add_subparsers(dest="command"))
+        assert parser.parse_args(argv).loop_guard is True
+        assert parser.parse_args([*argv, "--no-loop-guard"]).loop_guard is False
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from ..errors import CdslError
-from ..options import BACKENDS, METHODS, add_whitespace_option
+from ..options import BACKENDS, METHODS, add_output_options
 from .files import InputError
 from .job import ENGINES, BatchJob, load_json_arg, run_job
 
@@ -40,7 +40,7 @@ def add_batch_parser(commands: Any) -> argparse.ArgumentParser:
     batch.add_argument("--model", default="smollm2", help="model (default: the embedded SmolLM2)")
     batch.add_argument("--draft", default="auto", help="draft: auto (prompt lookup), none, bf16, layers:N ...")
     batch.add_argument("--backend", default="auto", choices=BACKENDS)
-    add_whitespace_option(batch)
+    add_output_options(batch)
     batch.add_argument("--method", default="auto", choices=METHODS)
     batch.add_argument("--device", default="auto")
     batch.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
@@ -58,9 +58,9 @@ def add_batch_parser(commands: Any) -> argparse.ArgumentParser:
 def job_from_args(args: argparse.Namespace) -> BatchJob:
     """The ``BatchJob`` the parsed arguments describe (files read here)."""
     job = BatchJob(model=args.model, draft=None if args.draft == "none" else args.draft, backend=args.backend,
-                   whitespace=args.whitespace, device=args.device, dtype=args.dtype, method=args.method,
-                   max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                   max_batch_size=max(args.batch_size, 1), chat=not args.no_chat)
+                   whitespace=args.whitespace, loop_guard=args.loop_guard, device=args.device, dtype=args.dtype,
+                   method=args.method, max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                   seed=args.seed, max_batch_size=max(args.batch_size, 1), chat=not args.no_chat)
     if args.schema:
         with open(args.schema, encoding="utf-8") as handle:
             job.schema = handle.read()

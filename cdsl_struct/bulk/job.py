@@ -39,6 +39,7 @@ class BatchJob:
     draft: str | None = "auto"
     backend: str = "auto"
     whitespace: str = DEFAULT_WHITESPACE
+    loop_guard: bool = True
     device: str = "auto"
     dtype: str = "auto"
     method: str = "auto"
@@ -66,7 +67,8 @@ class BatchJob:
         from ..api import Generator
 
         return Generator(self.model, draft=self.draft, backend=self.backend, whitespace=self.whitespace,
-                         device=self.device, dtype=self.dtype, max_batch_size=self.max_batch_size)
+                         loop_guard=self.loop_guard, device=self.device, dtype=self.dtype,
+                         max_batch_size=self.max_batch_size)
 
     def check(self) -> None:
         """Check the constraint up front: a bad one fails the job before any row, with its typed error."""

@@ -277,7 +277,8 @@ def create_app(generator: Any, config: ServerConfig | None = None, **options: An
 
 
 def serve(host: str = "127.0.0.1", port: int = 8000, model: str = "smollm2", draft: str | None = "auto", *,
-          backend: str = "auto", whitespace: str = DEFAULT_WHITESPACE, compile_timeout: float = 30.0,
+          backend: str = "auto", whitespace: str = DEFAULT_WHITESPACE, loop_guard: bool = True,
+          compile_timeout: float = 30.0,
           log_level: str = "info",
           device: Any = "auto", dtype: Any = "auto", max_batch_size: int = 16, extra_properties: bool = False,
           max_prompt_tokens: int | None = None, **options: Any) -> None:
@@ -292,9 +293,9 @@ def serve(host: str = "127.0.0.1", port: int = 8000, model: str = "smollm2", dra
 
     options.setdefault("api_key", os.environ.get(API_KEY_ENV) or None)
     config = ServerConfig(**options)
-    generator = Generator(model, draft=draft, backend=backend, whitespace=whitespace, compile_timeout=compile_timeout,
-                          device=device, dtype=dtype, max_batch_size=max_batch_size, extra_properties=extra_properties,
-                          max_prompt_tokens=max_prompt_tokens)
+    generator = Generator(model, draft=draft, backend=backend, whitespace=whitespace, loop_guard=loop_guard,
+                          compile_timeout=compile_timeout, device=device, dtype=dtype, max_batch_size=max_batch_size,
+                          extra_properties=extra_properties, max_prompt_tokens=max_prompt_tokens)
     app = create_app(generator, config)
     uvicorn.run(app, host=host, port=port, log_level=log_level,
                 timeout_graceful_shutdown=max(1, int(config.shutdown_grace)))

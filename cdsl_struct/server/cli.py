@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from ..generate_cli import add_device_arguments
-from ..options import BACKENDS, add_whitespace_option
+from ..options import BACKENDS, add_output_options
 from .auth import API_KEY_ENV
 
 INSTALL_HINT = "cdsl-struct serve needs the server extra: pip install 'cdsl_struct[server]'"
@@ -32,7 +32,7 @@ def add_serve_parser(commands: Any) -> argparse.ArgumentParser:
     add_device_arguments(serve)
     serve.add_argument("--backend", default="auto", choices=BACKENDS,
                        help="constraint engine (default auto)")
-    add_whitespace_option(serve)
+    add_output_options(serve)
     serve.add_argument("--compile-timeout", type=float, default=30.0,
                        help="seconds a constraint may take to compile; over it the request gets 400 (default 30)")
     serve.add_argument("--max-request-bytes", type=int, default=2 * 1024 * 1024,
@@ -81,7 +81,8 @@ def run_serve(args: argparse.Namespace) -> int:
                           max_constraint_bytes=args.max_constraint_bytes, max_schema_depth=args.max_schema_depth)
     serve(args.host, args.port, args.model, None if args.draft == "none" else args.draft, backend=args.backend,
           device=args.device, dtype=args.dtype, max_batch_size=args.max_batch_size,
-          whitespace=args.whitespace, compile_timeout=args.compile_timeout, log_level=args.log_level,
+          whitespace=args.whitespace, loop_guard=args.loop_guard, compile_timeout=args.compile_timeout,
+          log_level=args.log_level,
           extra_properties=args.allow_extra_properties, max_prompt_tokens=args.max_prompt_tokens,
           max_request_bytes=args.max_request_bytes, queue_limit=args.queue_limit,
           default_max_tokens=args.default_max_tokens, limits=limits, request_timeout=args.request_timeout,

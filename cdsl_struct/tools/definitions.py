@@ -13,6 +13,8 @@ from typing import Any
 from ..constraints.specs import check_json_schema
 
 CALL_MARKER = "<tool_call>"
+RESULT_OPEN, RESULT_CLOSE = "<tool_response>", "</tool_response>"
+"""Around a tool's result shown back to the model (the hermes convention that ``CALL_MARKER`` follows)."""
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 

@@ -8,7 +8,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .definitions import CALL_MARKER, normalise_tools
+from .definitions import CALL_MARKER, RESULT_CLOSE, RESULT_OPEN, normalise_tools
+
+
+class ToolPrompt(str):
+    """The system prompt of a tool request, with ``after_results``: the instruction given again
+    right after tool results (None: nothing to restate).
+
+    A small model follows the instruction it read last: with the tools described only at the top
+    of a long conversation, it copies its previous call instead of answering from the results.
+    """
+
+    after_results: str | None
+
+    def __new__(cls, text: str, after_results: str | None = None) -> ToolPrompt:
+        prompt = super().__new__(cls, text)
+        prompt.after_results = after_results
+        return prompt
 
 
 @dataclass(frozen=True)
@@ -45,21 +61,29 @@ class ToolRequest:
                 return tool["function"]["parameters"]
         raise KeyError(name)
 
-    def system_prompt(self, answer_format: dict[str, Any] | None = None) -> str:
-        """Tells the model the tools, the call format and, with ``answer_format``, the answer's schema."""
+    def system_prompt(self, answer_format: dict[str, Any] | None = None) -> ToolPrompt:
+        """Tells the model the tools, the call format and, with ``answer_format``, the answer's schema.
+
+        Its ``after_results`` says what to do once results are in: answer, or call another function.
+        """
         described = [self._describe(t) for t in self.tools if t["function"]["name"] in self.allowed]
         shape = f'{CALL_MARKER}{{"name": <function name>, "arguments": <JSON object of arguments>}}'
-        lines = ["You can call these functions:", *described, "", f"To call a function, reply with {shape}."]
+        lines = ["You can call these functions:", *described, "", f"To call a function, reply with {shape}.",
+                 f"A function's result comes back to you in {RESULT_OPEN}{RESULT_CLOSE}."]
         if self.parallel:
             lines.append(f"To call several functions, write one {CALL_MARKER} block after another.")
         if self.mode == "call":
             lines.append("You must call a function now.")
-        elif answer_format is not None:
+            return ToolPrompt("\n".join(lines))
+        if answer_format is not None:
             lines.append("Otherwise, answer with JSON matching this schema: "
                          + json.dumps(answer_format, ensure_ascii=False))
+            answer = "answer with JSON matching the schema"
         else:
             lines.append("Otherwise, answer in plain text.")
-        return "\n".join(lines)
+            answer = "answer in plain text"
+        return ToolPrompt("\n".join(lines),
+                          after_results=f"If you have what you need, {answer}. Otherwise, call another function.")
 
     @staticmethod
     def _describe(tool: dict[str, Any]) -> str:

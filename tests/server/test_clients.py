@@ -86,3 +86,35 @@ def test_pydantic_ai_output_type_and_native_output_with_a_tool(base_url):
     agent = Agent(model, output_type=NativeOutput(Person), tools=[lookup_age], model_settings=settings)
     result = agent.run_sync(PASSAGE, usage_limits=limits)
     assert isinstance(result.output, Person)
+
+
+class City(BaseModel):
+    """A city and the country it is in."""
+
+    name: str
+    country: str
+
+
+def test_pydantic_ai_agent_answers_once_its_tool_has_answered(base_url):
+    """Issue 21: with ``NativeOutput`` and a tool the model called the tool again and again, up to
+    the request limit (vLLM's answer comes at once). Its result now comes back as a
+    ``<tool_response>`` and the tools' instruction follows it, so the model answers."""
+    pytest.importorskip("pydantic_ai", reason=CLIENTS_EXTRA)
+    from pydantic_ai import Agent, NativeOutput
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+    from pydantic_ai.usage import UsageLimits
+
+    calls = []
+
+    def lookup_population(city: str) -> int:
+        """The population of a city, by name."""
+        calls.append(city)
+        return 3_300_000
+
+    model = OpenAIChatModel("smollm2", provider=OpenAIProvider(base_url=base_url, api_key="x"))
+    agent = Agent(model, output_type=NativeOutput(City), tools=[lookup_population],
+                  model_settings={"max_tokens": 48, "temperature": 0})
+    result = agent.run_sync("Name a city in Spain.", usage_limits=UsageLimits(request_limit=6))
+    assert isinstance(result.output, City)
+    assert len(calls) <= 2
