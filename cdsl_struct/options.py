@@ -10,7 +10,7 @@ BACKENDS = ("auto", *ENGINES)
 """What ``compile(backend=...)`` and the CLI's ``--backend`` accept."""
 WHITESPACE_POLICIES = ("compact", "spaced", "flexible", "newlines", "any")
 """Named JSON whitespace policies (``constraints.whitespace``); a bounded regex is accepted too."""
-DEFAULT_WHITESPACE = "spaced"
+DEFAULT_WHITESPACE = "flexible"
 """The JSON whitespace of every entry point that is not told otherwise: ``compile()``, ``Generator``,
 ``generate()``, tools, the server, ``cdsl-struct generate`` and ``cdsl-struct batch`` (and through
 ``compile()`` the transformers processor). Chosen by ``cdsl-struct bench quality`` on its tune split:
