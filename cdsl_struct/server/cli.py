@@ -51,6 +51,8 @@ def add_serve_parser(commands: Any) -> argparse.ArgumentParser:
     serve.add_argument("--max-schema-depth", type=int, default=48,
                        help="deepest nesting of a schema a request may send (default 48)")
     serve.add_argument("--max-n", type=int, default=8, help="largest n (choices per request) (default 8)")
+    serve.add_argument("--max-rows-per-request", type=int, default=16,
+                       help="most rows one request adds to the batch: completions prompts times n (default 16)")
     serve.add_argument("--request-timeout", type=float, default=600.0,
                        help="seconds a request may run before it is cancelled and answered 504 (default 600)")
     serve.add_argument("--shutdown-grace", type=float, default=30.0,
@@ -78,7 +80,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
     print(f"loading {args.model} (draft {args.draft}) ...", file=sys.stderr, flush=True)
     limits = ServerLimits(max_tokens=args.max_tokens_limit, max_n=args.max_n,
-                          max_constraint_bytes=args.max_constraint_bytes, max_schema_depth=args.max_schema_depth)
+                          max_constraint_bytes=args.max_constraint_bytes, max_schema_depth=args.max_schema_depth,
+                          max_rows=args.max_rows_per_request)
     serve(args.host, args.port, args.model, None if args.draft == "none" else args.draft, backend=args.backend,
           device=args.device, dtype=args.dtype, max_batch_size=args.max_batch_size,
           whitespace=args.whitespace, loop_guard=args.loop_guard, compile_timeout=args.compile_timeout,

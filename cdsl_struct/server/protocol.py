@@ -31,6 +31,9 @@ class ServerLimits:
     max_n: int = 8
     max_constraint_bytes: int = 64 * 1024
     max_schema_depth: int = 48
+    max_rows: int = 16
+    """Rows one request may add to the batch (``/v1/completions`` prompts times ``n``)."""
+    max_stop_chars: int = 256
 
     def check_constraint(self, param: str, value: Any) -> None:
         """400 when a client's schema, grammar or regex is too large or too deeply nested."""
@@ -187,6 +190,9 @@ class _GenerationRequest(_Model):
         stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         if len(stops) > 4 or not all(stops):
             raise APIError(400, "stop takes up to 4 non-empty strings.", param="stop", code="invalid_value")
+        if any(len(stop) > limits.max_stop_chars for stop in stops):
+            raise APIError(400, f"a stop string may have at most {limits.max_stop_chars} characters.", param="stop",
+                           code="invalid_value")
 
     def _constraint(self) -> tuple[dict[str, Any], str | None]:
         given: dict[str, Any] = {}
@@ -309,6 +315,10 @@ class CompletionRequest(_GenerationRequest):
         if isinstance(prompt, list):
             if not prompt:
                 raise APIError(400, "prompt is an empty list.", param="prompt", code="invalid_value")
+            if len(prompt) * self.n > limits.max_rows:
+                raise APIError(400, f"{len(prompt)} prompts times n={self.n} is over this server's limit of "
+                                    f"{limits.max_rows} rows per request; send fewer prompts per request.",
+                               param="prompt", code="invalid_value")
             if len(prompt) == 1:
                 prompt = prompt[0]
             elif self.stream:

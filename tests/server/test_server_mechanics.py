@@ -211,6 +211,7 @@ for _ in range(9):
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": DEEP}}},
      "constraint_too_deep", "response_format", "deeper"),
     ({"extra_body": {"regex": "a", "choices": ["a"]}}, "conflicting_constraints", "choices", "at most one"),
+    ({"stop": ["x" * 10_000]}, "invalid_value", "stop", "at most 256 characters"),
 ])
 def test_bad_requests_are_400(fake, kwargs, code, param, words):
     client = client_for(fake[1])
@@ -229,6 +230,18 @@ def test_a_fault_of_the_server_is_a_500_with_a_request_id_in_the_log(fake, caplo
     assert error["code"] == "internal_error" and error["type"] == "server_error"
     assert request_id in error["message"] and "RollbackError" in error["message"]
     assert any(request_id in record.getMessage() and record.exc_info for record in caplog.records)
+
+
+def test_a_huge_prompt_list_is_refused_at_once_not_queued(fake):
+    client = client_for(fake[1])
+    started = time.monotonic()
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model="fake-model", prompt=[f"p{i}" for i in range(10_000)], max_tokens=2)
+    assert caught.value.body["param"] == "prompt" and "10000 prompts" in caught.value.body["message"]
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="fake-model", prompt=["a"] * 3, n=6, max_tokens=2)  # 18 rows
+    assert time.monotonic() - started < 10
+    assert len(client.completions.create(model="fake-model", prompt=["a"] * 4, n=4, max_tokens=2).choices) == 16
 
 
 def test_a_body_that_does_not_fit_the_request_schema_is_422(fake):
