@@ -11,22 +11,23 @@ from .tools.definitions import CALL_MARKER, RESULT_CLOSE, RESULT_OPEN
 ROLES = ("system", "user", "assistant", "tool")
 
 
-def normalise_messages(messages: Sequence[Any]) -> list[dict[str, str]]:
+def normalise_messages(messages: Sequence[Any], *, results_as_user: bool = False) -> list[dict[str, str]]:
     """Messages as ``{"role", "content"}`` dicts with text content.
 
-    Content may be a string, None, or a list of ``{"type": "text", "text": ...}`` parts. Tool
-    calling is written in one convention whatever the chat template knows (hermes, which
-    ``CALL_MARKER`` follows): an assistant message's ``tool_calls`` (OpenAI format) become
-    ``<tool_call>{"name": ..., "arguments": ...}`` the way the model is told to write calls, so
-    earlier calls read as the model's own; a ``tool`` message becomes
-    ``<tool_response>{"name": ..., "content": ...}</tool_response>`` in a user turn (the function's
-    name found by ``tool_call_id``), results in a row sharing one turn. ``ValueError`` on anything else.
+    Content may be a string, None, or a list of ``{"type": "text", "text": ...}`` parts. An
+    assistant message's ``tool_calls`` (OpenAI format) are written the way the model is told to
+    write calls (``<tool_call>{"name": ..., "arguments": ...}``), so earlier calls read as the
+    model's own. ``tool`` messages (results) stay as they are for the chat template to show, as
+    vLLM does; ``results_as_user`` (for templates without a ``tool`` role) writes them in the
+    hermes convention that ``CALL_MARKER`` follows instead: ``<tool_response>{"name": ...,
+    "content": ...}</tool_response>`` (the name found by ``tool_call_id``) in one user turn with
+    the results beside them and a user message right after. ``ValueError`` on anything else.
     """
     if not messages:
         raise ValueError("messages must not be empty")
     normalised: list[dict[str, str]] = []
     names: dict[str, str] = {}  # call id -> function name, for the results that answer the calls
-    results_turn = None  # the turn holding the latest tool results, while nothing else follows them
+    results_turn = None  # with results_as_user: the turn holding the latest results
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise ValueError(f"message {i} must be a dict with a 'role' and 'content'")
@@ -36,7 +37,7 @@ def normalise_messages(messages: Sequence[Any]) -> list[dict[str, str]]:
         if role not in ROLES:
             raise ValueError(f"message {i} has unknown role {role!r}; use one of {', '.join(ROLES)}")
         content = _text_content(message.get("content"), i)
-        if role == "tool":
+        if results_as_user and role == "tool":
             result = _result_text(message, content, names)
             if results_turn is None:
                 results_turn = {"role": "user", "content": result}
@@ -44,7 +45,7 @@ def normalise_messages(messages: Sequence[Any]) -> list[dict[str, str]]:
             else:
                 results_turn["content"] += "\n" + result
             continue
-        if role == "user" and results_turn is not None:  # roles must alternate in many templates
+        if results_turn is not None and role == "user":  # such templates want roles to alternate
             results_turn["content"] += "\n\n" + content
             continue
         results_turn = None
@@ -122,37 +123,47 @@ def prompt_ids(tokenizer: Any, prompt: str | Sequence[Any], *, chat: bool = True
 
     A string is one user message when ``chat`` is true and the tokenizer has a chat template,
     otherwise it is encoded as it is (``system`` text, if any, goes before it). Messages are
-    rendered with the chat template (a plain ``role: content`` layout when there is none).
+    rendered with the chat template (a plain ``role: content`` layout when there is none); tool
+    results in a user turn where the template refuses the ``tool`` role.
+
     When the messages end with tool results and ``system`` has an ``after_results`` instruction
     (a ``ToolPrompt``), that instruction follows the results as a system message, or, where the
-    template refuses a system message there, closes the results' turn.
+    template refuses a system message there, ends the results' turn.
     """
     if isinstance(prompt, str):
         if not (chat and getattr(tokenizer, "chat_template", None)):
             text = f"{system}\n\n{prompt}" if system else prompt
             return list(tokenizer(text)["input_ids"])
-        messages = [{"role": "user", "content": prompt}]
-    elif isinstance(prompt, Sequence):
-        messages = normalise_messages(prompt)
-    else:
+        prompt = [{"role": "user", "content": prompt}]
+    elif not isinstance(prompt, Sequence):
         raise ValueError(f"a prompt is a string or a list of messages, got {type(prompt).__name__}")
-    after_results = getattr(system, "after_results", None)
+    after_results = getattr(system, "after_results", None) if ends_with_results(prompt) else None
+    renderings = [normalise_messages(prompt)]
+    if any(isinstance(m, dict) and m.get("role") == "tool" for m in prompt):
+        renderings.append(normalise_messages(prompt, results_as_user=True))
     if system:
-        messages = with_system(messages, system)
+        renderings = [with_system(messages, system) for messages in renderings]
+    if after_results:
+        renderings = [variant for messages in renderings for variant in _followed_by(messages, after_results)]
     if not getattr(tokenizer, "chat_template", None):
-        if after_results and ends_with_results(prompt):
-            messages = [*messages, {"role": "system", "content": after_results}]
-        layout = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
+        layout = "".join(f"{m['role']}: {m['content']}\n" for m in renderings[0]) + "assistant:"
         return list(tokenizer(layout)["input_ids"])
-    if after_results and ends_with_results(prompt):
-        from jinja2 import TemplateError  # what chat templates raise; there with every template
+    from jinja2 import TemplateError  # what a chat template raises on messages it refuses
 
+    for messages in renderings[:-1]:
         try:
-            return _templated(tokenizer, [*messages, {"role": "system", "content": after_results}])
-        except TemplateError:  # e.g. templates that allow a system message only first
-            last = messages[-1]
-            messages = [*messages[:-1], {**last, "content": f"{last['content']}\n\n{after_results}"}]
-    return _templated(tokenizer, messages)
+            return _templated(tokenizer, messages)
+        except TemplateError:
+            pass
+    return _templated(tokenizer, renderings[-1])
+
+
+def _followed_by(messages: list[dict[str, str]], instruction: str) -> list[list[dict[str, str]]]:
+    """``messages`` then ``instruction`` as a system message; then, for templates that allow a
+    system message only first, ``instruction`` at the end of the last message."""
+    last = messages[-1]
+    return [[*messages, {"role": "system", "content": instruction}],
+            [*messages[:-1], {**last, "content": f"{last['content']}\n\n{instruction}"}]]
 
 
 def _templated(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .definitions import CALL_MARKER, RESULT_CLOSE, RESULT_OPEN, normalise_tools
+from .definitions import CALL_MARKER, normalise_tools
 
 
 class ToolPrompt(str):
@@ -68,8 +68,7 @@ class ToolRequest:
         """
         described = [self._describe(t) for t in self.tools if t["function"]["name"] in self.allowed]
         shape = f'{CALL_MARKER}{{"name": <function name>, "arguments": <JSON object of arguments>}}'
-        lines = ["You can call these functions:", *described, "", f"To call a function, reply with {shape}.",
-                 f"A function's result comes back to you in {RESULT_OPEN}{RESULT_CLOSE}."]
+        lines = ["You can call these functions:", *described, "", f"To call a function, reply with {shape}."]
         if self.parallel:
             lines.append(f"To call several functions, write one {CALL_MARKER} block after another.")
         if self.mode == "call":
@@ -83,7 +82,8 @@ class ToolRequest:
             lines.append("Otherwise, answer in plain text.")
             answer = "answer in plain text"
         return ToolPrompt("\n".join(lines),
-                          after_results=f"If you have what you need, {answer}. Otherwise, call another function.")
+                          after_results=f"If the results answer the user's request, {answer}. "
+                                        "Otherwise, call another function.")
 
     @staticmethod
     def _describe(tool: dict[str, Any]) -> str:

@@ -97,8 +97,8 @@ class City(BaseModel):
 
 def test_pydantic_ai_agent_answers_once_its_tool_has_answered(base_url):
     """Issue 21: with ``NativeOutput`` and a tool the model called the tool again and again, up to
-    the request limit (vLLM's answer comes at once). Its result now comes back as a
-    ``<tool_response>`` and the tools' instruction follows it, so the model answers."""
+    the request limit (vLLM's answer comes at once): the tools were described only at the top,
+    and it copied its previous call. The instruction to answer or call now follows the results."""
     pytest.importorskip("pydantic_ai", reason=CLIENTS_EXTRA)
     from pydantic_ai import Agent, NativeOutput
     from pydantic_ai.models.openai import OpenAIChatModel
