@@ -3,7 +3,7 @@
 ``OutlinesBaseline(model, tokenizer)`` wraps ``outlines.from_transformers`` around the same model
 object the bench decodes with, and runs one ``outlines.Generator`` per constraint (built before
 timing). The constraint is the same one: JSON Schema with Outlines' ``whitespace_pattern`` set to
-our JSON whitespace slot (compact by default: none), regexes as ``outlines.types.Regex``, choices
+our JSON whitespace slot (the library's default unless told otherwise), regexes as ``outlines.types.Regex``, choices
 as ``outlines.types.Choice``, Lark grammars as ``outlines.types.CFG``. Where Outlines cannot
 build a generator for a constraint, ``unsupported`` records why and the bench says so.
 
@@ -17,13 +17,13 @@ import json
 import time
 from typing import Any
 
-from ..constraints.whitespace import WhitespacePolicy
+from ..constraints.whitespace import DEFAULT_WHITESPACE, WhitespacePolicy
 
 
 class OutlinesBaseline:
     """Greedy generation with ``outlines.Generator`` over an already loaded transformers model."""
 
-    def __init__(self, model: Any, tokenizer: Any, whitespace: str = "compact") -> None:
+    def __init__(self, model: Any, tokenizer: Any, whitespace: str = DEFAULT_WHITESPACE) -> None:
         import outlines
 
         self._outlines = outlines

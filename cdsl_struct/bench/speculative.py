@@ -24,6 +24,7 @@ import torch
 
 from ..constraints import Grammar, JsonSchema, Regex, compile
 from ..constraints.mask import allocate_bitmask, apply_bitmask
+from ..constraints.whitespace import DEFAULT_WHITESPACE
 from ..decoding import build_proposers, decode
 from ..models.loading import load_model
 from ..models.runner import ModelRunner, self_draft
@@ -238,7 +239,7 @@ def _outlines_baseline(config: SpeculativeConfig, model: Any, tokenizer: Any, pr
     except ImportError:
         return None
     try:
-        baseline = OutlinesBaseline(model, tokenizer)
+        baseline = OutlinesBaseline(model, tokenizer, whitespace=DEFAULT_WHITESPACE)  # the same JSON layout as ours
     except ImportError:
         if config.with_outlines:
             raise

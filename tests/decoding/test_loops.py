@@ -37,8 +37,8 @@ def test_guard_penalises_each_scored_position_from_its_own_history():
 @pytest.fixture(scope="module")
 def looping(smollm2, one_torch_thread):
     """A prompt that makes SmolLM2 repeat an array item until max_tokens without the guard."""
-    schema = {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "string"}}},
-              "required": ["items"], "additionalProperties": False}
+    items = {"type": "array", "items": {"enum": ["cheese", "milk", "bread"]}}
+    schema = {"type": "object", "properties": {"items": items}, "required": ["items"], "additionalProperties": False}
     compiled = compile(JsonSchema(schema), smollm2.tokenizer, eos_token_ids=smollm2.eos_token_ids)
     ids = prompt_ids(smollm2.tokenizer, "Write the word cheese many times as a JSON array of strings.")
     return compiled, ids
