@@ -46,6 +46,13 @@ class ServerLimits:
                            code="constraint_too_deep")
 
 
+def _check_streamed_logprobs(asked: bool) -> None:
+    """Streamed chunks carry no log-probabilities yet: say so rather than drop them silently."""
+    if asked:
+        raise APIError(400, "logprobs cannot be streamed by this server yet; send a non-streamed request for them.",
+                       param="logprobs", code="unsupported_parameter")
+
+
 def _depth(value: Any) -> int:
     depth, level = 0, [value]
     while level:
@@ -265,6 +272,7 @@ class ChatCompletionRequest(_GenerationRequest):
     def to_call(self, default_max_tokens: int, limits: ServerLimits = ServerLimits()) -> GenerateCall:
         """The Generator call this request asks for (raises ``APIError`` for what is not supported)."""
         self._check(limits)
+        _check_streamed_logprobs(bool(self.stream and self.logprobs))
         if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise APIError(400, f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}].", param="top_logprobs",
                            code="invalid_value")
@@ -307,6 +315,7 @@ class CompletionRequest(_GenerationRequest):
     def to_call(self, default_max_tokens: int, limits: ServerLimits = ServerLimits()) -> GenerateCall:
         """The Generator call this request asks for (raises ``APIError`` for what is not supported)."""
         self._check(limits)
+        _check_streamed_logprobs(bool(self.stream and self.logprobs is not None))
         for name, unsupported in (("echo", self.echo), ("suffix", self.suffix),
                                   ("best_of", self.best_of not in (None, 1))):
             if unsupported:

@@ -212,6 +212,7 @@ for _ in range(9):
      "constraint_too_deep", "response_format", "deeper"),
     ({"extra_body": {"regex": "a", "choices": ["a"]}}, "conflicting_constraints", "choices", "at most one"),
     ({"stop": ["x" * 10_000]}, "invalid_value", "stop", "at most 256 characters"),
+    ({"stream": True, "logprobs": True}, "unsupported_parameter", "logprobs", "cannot be streamed"),
 ])
 def test_bad_requests_are_400(fake, kwargs, code, param, words):
     client = client_for(fake[1])
