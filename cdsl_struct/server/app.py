@@ -257,7 +257,9 @@ def create_app(generator: Any, config: ServerConfig | None = None, **options: An
     async def chat_completions(body: ChatCompletionRequest, http: Request) -> dict[str, Any] | StreamingResponse:
         """Chat completion: messages through the chat template, constrained output or tool calls."""
         service.check_model(body.model)
-        call = body.to_call(config.default_max_tokens, config.limits)
+        # off the event loop: reading a client's grammar builds a lark parser, which must not stall
+        # every other request, /health and open streams
+        call = await asyncio.to_thread(body.to_call, config.default_max_tokens, config.limits)
         if body.stream:
             return await service.stream(call, chat=True, include_usage=body.include_usage)
         results = await service.answer(call, http)
@@ -267,7 +269,9 @@ def create_app(generator: Any, config: ServerConfig | None = None, **options: An
     async def completions(body: CompletionRequest, http: Request) -> dict[str, Any] | StreamingResponse:
         """Text completion of a prompt (or a list of prompts), constrained by the extension fields."""
         service.check_model(body.model)
-        call = body.to_call(config.default_max_tokens, config.limits)
+        # off the event loop: reading a client's grammar builds a lark parser, which must not stall
+        # every other request, /health and open streams
+        call = await asyncio.to_thread(body.to_call, config.default_max_tokens, config.limits)
         if body.stream:
             return await service.stream(call, chat=False, include_usage=body.include_usage)
         results = await service.answer(call, http)

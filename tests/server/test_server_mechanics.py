@@ -245,6 +245,28 @@ def test_a_huge_prompt_list_is_refused_at_once_not_queued(fake):
     assert len(client.completions.create(model="fake-model", prompt=["a"] * 4, n=4, max_tokens=2).choices) == 16
 
 
+def test_reading_a_client_grammar_does_not_stall_the_event_loop(fake, monkeypatch):
+    import cdsl_struct.constraints.specs as specs
+
+    checking = threading.Event()
+
+    def slow_check(text, origin="<grammar text>"):
+        checking.set()
+        time.sleep(2.0)  # a large grammar being read by lark, found wrong in the end
+        raise GrammarSyntaxError("syntax error at line 1 column 1", line=1, column=1)
+
+    monkeypatch.setattr(specs, "check_lark_grammar", slow_check)
+    root = fake[1].removesuffix("/v1")
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(chat, client_for(fake[1]), "x", extra_body={"grammar": 'start: "a"'})
+        assert checking.wait(10)
+        started = time.monotonic()
+        assert httpx.get(f"{root}/health").status_code == 200
+        assert time.monotonic() - started < 1.0  # answered while the grammar is still being read
+        with pytest.raises(openai.BadRequestError):
+            pending.result()
+
+
 def test_a_body_that_does_not_fit_the_request_schema_is_422(fake):
     with pytest.raises(openai.UnprocessableEntityError) as caught:
         chat(client_for(fake[1]), "x", temperature=3)
