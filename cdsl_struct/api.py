@@ -17,6 +17,8 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from .constraints import (
     Choice,
     CompiledConstraint,
@@ -53,8 +55,16 @@ AUTO_DRAFT = "lookup"
 """``draft="auto"``: prompt lookup (plus the grammar's forced tokens, always on). Both are free,
 and on the embedded model they beat model drafts in wall time (BENCHMARKS.md)."""
 CDSL_SELF_DRAFT = "int8"
-"""The draft model CDSL uses when ``draft`` names no model: the target's linear layers in int8
+"""The draft model CDSL uses on a CPU when ``draft`` names no model: the target's linear layers in int8
 (a single-token step costs about half of fp32 on a CPU; see the CommonGen sweep in BENCHMARKS.md)."""
+CDSL_SELF_DRAFT_OFF_CPU = "bf16"
+"""The same elsewhere: torch's int8 dynamic quantisation runs on the CPU only."""
+
+
+def cdsl_self_draft(device: Any) -> str:
+    """The self-draft CDSL builds for a target on ``device`` (int8 on a CPU, bf16 on a GPU or MPS)."""
+    return CDSL_SELF_DRAFT if torch.device(device).type == "cpu" else CDSL_SELF_DRAFT_OFF_CPU
+
 
 KEYWORD_MAX_REPEATS = 2
 """``keywords=``: each keyword may appear this often before repeats lower the reward (stuffing never scores)."""
@@ -338,8 +348,8 @@ class Generator:
     def _cdsl_draft_runner(self) -> ModelRunner:
         """The draft model CDSL steers by the reward (CDSL wraps it in a ``GuidedDraft``)."""
         if self._cdsl_draft is None:
-            model = self_draft(self.loaded.model, CDSL_SELF_DRAFT)
-            self._cdsl_draft = ModelRunner(model, name=CDSL_SELF_DRAFT)
+            kind = cdsl_self_draft(self.device)
+            self._cdsl_draft = ModelRunner(self_draft(self.loaded.model, kind), name=kind)
         return self._cdsl_draft
 
 

@@ -294,3 +294,21 @@ def test_cancel_event_ends_rows_within_a_step(gen):
     cancel.set()
     result = gen.generate("Tell me a long story.", max_tokens=200, cancel=cancel)
     assert result.finish_reason == "cancelled" and not result.complete and len(result.tokens) <= 8
+
+
+def test_keywords_get_a_self_draft_that_runs_on_the_target_device(smollm2):
+    """int8 dynamic quantisation is CPU-only (building it for a GPU target raises): CDSL's default
+    self-draft is int8 on a CPU and bf16 on a GPU or MPS, so keywords= works on every device."""
+    from unittest import mock
+
+    import torch
+
+    from cdsl_struct.api import cdsl_self_draft
+    from cdsl_struct.models import runner
+
+    assert cdsl_self_draft("cpu") == "int8"
+    assert cdsl_self_draft("cuda:0") == "bf16" and cdsl_self_draft(torch.device("mps")) == "bf16"
+    with mock.patch.object(runner, "model_device", return_value=torch.device("cuda", 0)):
+        with pytest.raises(cs.CdslError, match="CPU only"):
+            runner.self_draft(smollm2.model, cdsl_self_draft("cpu"))
+        assert runner.self_draft(smollm2.model, cdsl_self_draft("cuda:0")).dtype == torch.bfloat16
