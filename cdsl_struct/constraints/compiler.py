@@ -266,9 +266,12 @@ def _run_in_thread(work: Callable[[], EngineProgram], timeout: float, name: str)
             outcome["error"] = exc
 
     thread = threading.Thread(target=target, name=f"cdsl-compile-{name}", daemon=True)
+    start = time.perf_counter()
     thread.start()
     thread.join(timeout)
-    if thread.is_alive():
+    # A compile that finished just past the deadline (the join woke late) is a timeout too, so
+    # the outcome depends on the time taken, not on thread scheduling.
+    if thread.is_alive() or time.perf_counter() - start > timeout:
         raise CompileTimeout(f"{name}: compile took longer than {timeout:g} s")
     if "error" in outcome:
         raise outcome["error"]
