@@ -37,8 +37,19 @@ pays for the rewrite. The compiled constraint keeps the user's spec (results are
 against the original schema) and lists the rules that fired in ``rewrites``; a rewrite that
 cannot be exact is one more refusal in ``skipped``/``attempts`` (backend ``"rewrite"``).
 
+``timeout`` is one budget for the whole compile: every engine attempt and the schema rewrite
+share it, so ``auto`` never takes more than ``timeout`` seconds however many engines it tries.
+An engine before the last may take half of what is left, so one stuck on a spec still leaves
+the next engine time. When an attempt timed out, the compile's error is that ``CompileTimeout``
+(another engine's refusal is then not final: the one that ran out of time might have taken it).
 ``timeout=None`` compiles in the calling thread with no worker (``bench maskbench`` isolates
 cases in processes of its own).
+
+Caches: compiled constraints are kept (least recently used first out) up to ``CACHE_SIZE``
+entries and ``CACHE_BYTES`` of engine programs (``EngineProgram.nbytes``). Refusals are kept
+too (``FAILURE_CACHE_SIZE``), so a client sending the same bad or explosive spec again gets its
+error at once instead of paying for the compile again; a ``CompileTimeout`` is kept only
+``TIMEOUT_TTL_S`` seconds, since it depends on the machine's load as well as on the spec.
 """
 
 from __future__ import annotations
@@ -48,7 +59,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import CompileError, CompileTimeout
 from .backends import BACKEND_NAMES, EngineProgram, get_backend
@@ -66,8 +77,12 @@ AUTO_ORDER: dict[str, tuple[str, ...]] = {
     "choice": ("llguidance", "outlines-core"),
     "grammar": ("llguidance",),
 }
+T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 30.0
 CACHE_SIZE = 256
+CACHE_BYTES = 512 * 1024 * 1024
+FAILURE_CACHE_SIZE = 1024
+TIMEOUT_TTL_S = 300.0
 
 
 @dataclass(eq=False)
@@ -95,6 +110,9 @@ class CompiledConstraint:
 
 
 _cache: OrderedDict[tuple, CompiledConstraint] = OrderedDict()
+_cache_bytes = 0
+# key -> (error, expiry, the timeout it was compiled under)
+_failures: OrderedDict[tuple, tuple[CompileError, float, float | None]] = OrderedDict()
 _cache_lock = threading.Lock()
 _key_locks: dict[tuple, threading.Lock] = {}
 
@@ -139,7 +157,7 @@ def compile(  # noqa: A001 - the natural name, as in re.compile / xgrammar
     if not cache:
         return _compile_uncached(spec, vocabulary, order, policy, timeout, rewrite)
     key = (spec.key, vocabulary.fingerprint, backend, policy.key)
-    compiled = _cached(key, lambda: _compile_uncached(spec, vocabulary, order, policy, timeout, rewrite))
+    compiled = _cached(key, lambda: _compile_uncached(spec, vocabulary, order, policy, timeout, rewrite), timeout)
     model = getattr(spec, "model", None)
     if getattr(compiled.spec, "model", None) is model:
         return compiled
@@ -147,35 +165,87 @@ def compile(  # noqa: A001 - the natural name, as in re.compile / xgrammar
     return _cached((*key, model), lambda: replace(compiled, spec=spec, skipped=list(compiled.skipped)))
 
 
-def _cached(key: tuple, build: Callable[[], CompiledConstraint]) -> CompiledConstraint:
-    """The cached value for ``key``, built once (other threads asking for it wait) if missing."""
+def _cached(key: tuple, build: Callable[[], CompiledConstraint], timeout: float | None = None) -> CompiledConstraint:
+    """The cached value for ``key``, built once (other threads asking for it wait) if missing;
+    a cached refusal is raised again without building (a timeout only for as long a ``timeout``)."""
     with _cache_lock:
-        if key in _cache:
-            _cache.move_to_end(key)
-            return _cache[key]
+        found = _lookup(key, timeout)
+        if found is not None:
+            return found
         key_lock = _key_locks.setdefault(key, threading.Lock())
     with key_lock:  # two threads asking for the same constraint compile it once
         with _cache_lock:
-            if key in _cache:
-                return _cache[key]
+            found = _lookup(key, timeout)
+            if found is not None:
+                return found
         try:
             compiled = build()
+        except CompileError as exc:
+            with _cache_lock:
+                _key_locks.pop(key, None)
+                _remember_failure(key, exc, timeout)
+            raise
         except BaseException:
             with _cache_lock:
                 _key_locks.pop(key, None)
             raise
         with _cache_lock:
-            _cache[key] = compiled
             _key_locks.pop(key, None)
-            while len(_cache) > CACHE_SIZE:
-                _cache.popitem(last=False)
+            _store(key, compiled)
     return compiled
 
 
+def _lookup(key: tuple, timeout: float | None) -> CompiledConstraint | None:
+    """The cached constraint for ``key`` (``None`` if missing); raises its cached refusal unless
+    that was a timeout under a shorter ``timeout`` than this one. Holds ``_cache_lock``."""
+    if key in _cache:
+        _cache.move_to_end(key)
+        return _cache[key]
+    failure = _failures.get(key)
+    if failure is not None:
+        error, expiry, under = failure
+        longer = isinstance(error, CompileTimeout) and (timeout is None or (under is not None and timeout > under))
+        if time.monotonic() < expiry and not longer:
+            raise error.with_traceback(None)
+        del _failures[key]
+    return None
+
+
+def _store(key: tuple, compiled: CompiledConstraint) -> None:
+    """Cache ``compiled``, then drop the least recently used entries over the count or byte
+    bound (the newest entry stays even when it alone is over). Holds ``_cache_lock``."""
+    global _cache_bytes
+    if key in _cache:
+        _cache_bytes -= _cache[key].program.nbytes
+    _cache[key] = compiled
+    _cache_bytes += compiled.program.nbytes
+    while len(_cache) > 1 and (len(_cache) > CACHE_SIZE or _cache_bytes > CACHE_BYTES):
+        _, dropped = _cache.popitem(last=False)
+        _cache_bytes -= dropped.program.nbytes
+
+
+def _remember_failure(key: tuple, error: CompileError, timeout: float | None) -> None:
+    """Cache a refusal (a timeout only for ``TIMEOUT_TTL_S``). Holds ``_cache_lock``."""
+    ttl = TIMEOUT_TTL_S if isinstance(error, CompileTimeout) else float("inf")
+    _failures[key] = (error, time.monotonic() + ttl, timeout)
+    _failures.move_to_end(key)
+    while len(_failures) > FAILURE_CACHE_SIZE:
+        _failures.popitem(last=False)
+
+
+def cache_info() -> dict[str, int]:
+    """How many constraints and bytes of engine programs are cached, and how many refusals."""
+    with _cache_lock:
+        return {"entries": len(_cache), "bytes": _cache_bytes, "failures": len(_failures)}
+
+
 def clear_cache() -> None:
-    """Forget every compiled constraint."""
+    """Forget every compiled constraint and cached refusal."""
+    global _cache_bytes
     with _cache_lock:
         _cache.clear()
+        _failures.clear()
+        _cache_bytes = 0
 
 
 def _compile_uncached(
@@ -190,21 +260,24 @@ def _compile_uncached(
     rewritten: JsonSchema | None = None
     rules: tuple[str, ...] = ()  # non-empty once the rewrite was tried
     rewrite_seconds = 0.0
+    budget = _Budget(timeout)
     for name in order:
         for use_rewrite in (False, True):
+            if budget.spent():
+                break
             if use_rewrite:
                 if not (rewrite and isinstance(spec, JsonSchema)):
                     break
                 if not rules:  # the first refusal: rewrite once, reuse for every engine
                     tick = time.perf_counter()
-                    rewritten, rules = _rewrite(spec, failures)
+                    rewritten, rules = _rewrite(spec, failures, budget)
                     rewrite_seconds = time.perf_counter() - tick
                 if rewritten is None:
                     break
             engine_spec = rewritten if use_rewrite and rewritten is not None else spec
             start = time.perf_counter() - (rewrite_seconds if use_rewrite else 0.0)
             try:
-                program = _attempt(name, engine_spec, vocabulary, policy, timeout)
+                program = _attempt(name, engine_spec, vocabulary, policy, budget.share(last=name == order[-1]))
             except CompileError as exc:  # the engine refused the spec: try the next candidate
                 failures.append((f"{name}+rewrite" if use_rewrite else name, exc))
                 continue
@@ -218,18 +291,50 @@ def _compile_uncached(
                 skipped=[(n, str(e)) for n, e in failures],
                 rewrites=rules if use_rewrite else (),
             )
-    first = failures[0][1]
+    if budget.spent() and not any(isinstance(e, CompileTimeout) for _, e in failures):
+        failures.append(("budget", CompileTimeout(f"compile took longer than {timeout:.3g} s (all attempts together)")))
+    # A timeout is the verdict when one happened: the engines left untried, or stopped, might
+    # have taken the spec with more time, so no refusal can be final (nor cached as final).
+    timeouts = [i for i, (_, e) in enumerate(failures) if isinstance(e, CompileTimeout)]
+    lead = timeouts[0] if timeouts else 0
+    first = failures[lead][1]
     first.attempts = [(n, str(e)) for n, e in failures]  # type: ignore[attr-defined]
-    if len(failures) > 1:
-        first.args = (str(first) + "; " + "; ".join(f"{n}: {e}" for n, e in failures[1:]),)
+    others = [f"{n}: {e}" for i, (n, e) in enumerate(failures) if i != lead]
+    if others:
+        first.args = (str(first) + "; " + "; ".join(others),)
     raise first
 
 
-def _rewrite(spec: JsonSchema, failures: list[tuple[str, CompileError]]) -> tuple[JsonSchema | None, tuple[str, ...]]:
+class _Budget:
+    """The seconds left of one compile's ``timeout`` (``None``: no limit)."""
+
+    def __init__(self, timeout: float | None) -> None:
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+
+    def left(self) -> float | None:
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+    def share(self, *, last: bool) -> float | None:
+        """The time one attempt may take: all that is left for the last engine, half of it for
+        one before, so an engine stuck on a spec still leaves the next one time to try."""
+        left = self.left()
+        return left if left is None or last else left / 2
+
+    def spent(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+
+def _rewrite(spec: JsonSchema, failures: list[tuple[str, CompileError]],
+             budget: _Budget) -> tuple[JsonSchema | None, tuple[str, ...]]:
     """The exact rewrite of ``spec`` and the rules that fired; ``None`` when no rule applies or
-    the rewrite was refused (the refusal joins ``failures``). ``rules`` is non-empty once tried."""
+    the rewrite was refused or ran out of time (the refusal joins ``failures``). ``rules`` is
+    non-empty once tried."""
+    left = budget.left()
     try:
-        rewrite = rewrite_schema(spec.schema)
+        if left is None:
+            rewrite = rewrite_schema(spec.schema)
+        else:  # pure Python: bounded by its own work limits, abandoned past the budget
+            rewrite = _run_in_thread(lambda: rewrite_schema(spec.schema), left, "rewrite")
     except CompileError as exc:
         failures.append(("rewrite", exc))
         return None, ("refused",)
@@ -250,7 +355,7 @@ def _attempt(
     return _run_in_thread(lambda: backend.compile(spec, vocabulary, policy), timeout, name)
 
 
-def _run_in_thread(work: Callable[[], EngineProgram], timeout: float, name: str) -> EngineProgram:
+def _run_in_thread(work: Callable[[], T], timeout: float, name: str) -> T:
     """Run ``work`` in a thread; ``CompileTimeout`` after ``timeout`` seconds.
 
     The thread cannot be stopped, so this is only for engines whose own limits bound their work:
@@ -272,7 +377,7 @@ def _run_in_thread(work: Callable[[], EngineProgram], timeout: float, name: str)
     # A compile that finished just past the deadline (the join woke late) is a timeout too, so
     # the outcome depends on the time taken, not on thread scheduling.
     if thread.is_alive() or time.perf_counter() - start > timeout:
-        raise CompileTimeout(f"{name}: compile took longer than {timeout:g} s")
+        raise CompileTimeout(f"{name}: compile took longer than {timeout:.3g} s")
     if "error" in outcome:
         raise outcome["error"]
     return outcome["program"]

@@ -84,11 +84,11 @@ def test_auto_falls_back_when_outlines_core_times_out(vocab_of, monkeypatch):
 
     monkeypatch.setattr(LLGuidanceBackend, "compile", refuse)
     start = time.monotonic()
-    with pytest.raises(UnsupportedFeature) as info:
+    with pytest.raises(CompileTimeout) as info:  # not the refusal: with more time it might compile
         compile(Regex(SLOW_ON_OUTLINES_CORE), vocab_of("gpt2"), timeout=0.5, cache=False)
     assert time.monotonic() - start < 0.5 + 1.0
     assert [name for name, _ in info.value.attempts] == ["llguidance", "outlines-core"]
-    assert "longer than 0.5 s" in info.value.attempts[1][1]
+    assert "longer than" in info.value.attempts[1][1] and "not today" in str(info.value)
 
 
 def test_a_worker_that_died_while_idle_is_replaced(vocab_of):

@@ -131,6 +131,7 @@ def test_schema_the_engine_reads_is_left_alone():
     ({"propertyNames": {"pattern": "^x"}, "properties": {"xa": {}}, "additionalProperties": {"type": "string"}},
      "propertyNames"),
     ({"type": "array", "items": {"enum": list(range(9))}, "uniqueItems": True}, "uniqueItems"),
+    ({"type": "array", "items": {"enum": list(range(200))}, "minItems": 150, "uniqueItems": True}, "uniqueItems"),
     ({"definitions": {"t": {"anyOf": [{"type": "null"}, {"type": "array", "items": {"$ref": "#/definitions/t"}},
                                       {"properties": {"n": {"$ref": "#/definitions/t"}}}]}},
       "not": {"$ref": "#/definitions/t"}}, "not"),
@@ -148,6 +149,20 @@ def test_what_cannot_be_exact_is_refused_by_name(schema, keyword):
 def test_string_complement_matches_exactly_the_other_strings(words, probe):
     pattern = complement_of_strings(words, "not")
     assert (re.search(pattern, probe) is not None) == (probe not in words)
+
+
+def test_a_huge_enum_with_unique_items_is_refused_at_once():
+    """10,700 values (64 KB): the exact count of arrays has more digits than Python will print
+    (it raised ValueError) and comparing every pair of values is quadratic; both stop early now."""
+    schema = {"type": "array", "items": {"enum": list(range(10_700))}, "uniqueItems": True}
+    with pytest.raises(UnsupportedFeature, match="more than 64"):
+        rewrite_schema(schema)
+
+
+def test_unique_items_with_no_room_keeps_only_the_empty_array():
+    rewritten = rewrite_schema({"type": "array", "items": {"enum": list(range(500))}, "maxItems": 0,
+                                "uniqueItems": True}).schema
+    assert "uniqueItems" not in json.dumps(rewritten)
 
 
 def test_literal_pattern_reader():

@@ -16,7 +16,12 @@ if TYPE_CHECKING:
 
 
 class EngineProgram(ABC):
-    """An engine's compiled form of one spec for one vocabulary (immutable, shareable)."""
+    """An engine's compiled form of one spec for one vocabulary (immutable, shareable).
+
+    ``nbytes``: about how much memory the program holds, which bounds the compile cache.
+    """
+
+    nbytes: int = 64 * 1024
 
     @abstractmethod
     def new_state(self, compiled: CompiledConstraint) -> ConstraintState: ...

@@ -115,9 +115,12 @@ def engine_error(message: str, spec: ConstraintSpec) -> CompileError:
 class LLGuidanceProgram(EngineProgram):
     """A validated llguidance grammar with a prototype matcher to copy states from."""
 
-    def __init__(self, prototype: llguidance.LLMatcher) -> None:
+    def __init__(self, prototype: llguidance.LLMatcher, grammar_chars: int = 0) -> None:
         self._prototype = prototype
         self._lock = threading.Lock()
+        # llguidance does not report its size: its lexer and parser tables grow with the grammar
+        # (bounded by its own limits); a rough per-character figure keeps the cache honest.
+        self.nbytes = 64 * 1024 + 64 * grammar_chars
 
     def new_state(self, compiled: Any) -> ConstraintState:
         return LLGuidanceState(compiled, self.new_matcher(), self)
@@ -151,7 +154,7 @@ class LLGuidanceBackend:
         matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise engine_error(matcher.get_error(), spec)
-        return LLGuidanceProgram(matcher)
+        return LLGuidanceProgram(matcher, len(grammar))
 
 
 class LLGuidanceState(ConstraintState):

@@ -15,7 +15,9 @@ a bug and propagates as itself.
 
 from __future__ import annotations
 
+import functools
 import json
+import pickle
 import threading
 from typing import Any
 
@@ -75,6 +77,11 @@ class OutlinesProgram(EngineProgram):
 
     def new_state(self, compiled: Any) -> ConstraintState:
         return OutlinesState(compiled, self)
+
+    @functools.cached_property
+    def nbytes(self) -> int:  # type: ignore[override]
+        """The index's pickled size: about what it holds (its transition table)."""
+        return len(pickle.dumps(self.index))
 
     def forced_from(self, state: int) -> list[int]:
         """Tokens forced from automaton ``state`` (cached per state).

@@ -147,7 +147,7 @@ class WorkerPool:
         except _Expired:
             worker.kill()
             raise CompileTimeout(
-                f"outlines-core: compile took longer than {timeout:g} s (its worker process was stopped)"
+                f"outlines-core: compile took longer than {timeout:.3g} s (its worker process was stopped)"
             ) from None
         except BaseException:
             worker.kill()

@@ -79,14 +79,29 @@ def unique_items(node: dict, ctx: RewriteContext) -> dict:
     if values is None or "prefixItems" in node:
         return node  # left for the engine to refuse by name
     low, high = node.get("minItems", 0), min(node.get("maxItems", len(values)), len(values))
-    count = sum(math.perm(len(values), k) for k in range(low, high + 1))
-    if count > MAX_BRANCHES:
-        raise refuse("uniqueItems", f"over {len(values)} item values makes {count} arrays (limit {MAX_BRANCHES})")
+    many = len(values) > MAX_BRANCHES  # counted only that far (see _finite_items)
+    if (many and high >= 1) or _arrays_over(len(values), low, high, MAX_BRANCHES):
+        size = f"more than {MAX_BRANCHES}" if many else str(len(values))
+        raise refuse("uniqueItems", f"over {size} item values makes more than {MAX_BRANCHES} arrays (the limit)")
     arrays = [list(p) for k in range(low, high + 1) for p in itertools.permutations(values, k)]
     del node["uniqueItems"]
     ctx.fire("uniqueItems-finite")
     others = [t for t in ALL_TYPES if t != "array"]
     return conjoin(node, any_of([{"type": others}, {"enum": arrays}] if arrays else [{"type": others}]))
+
+
+def _arrays_over(n: int, low: int, high: int, limit: int) -> bool:
+    """Whether more than ``limit`` arrays of ``low..high`` distinct items from ``n`` values exist,
+    counted with early exit (the exact count of a large enum has thousands of digits)."""
+    total, perm = 0, 1  # perm: n!/(n-k)! for the current k
+    for k in range(0, high + 1):
+        if k:
+            perm *= n - k + 1
+        if k >= low:
+            total += perm
+        if total > limit or (k >= low and perm > limit):
+            return True
+    return False
 
 
 def _finite_items(items: Schema, ctx: RewriteContext) -> list | None:
@@ -111,6 +126,8 @@ def _finite_items(items: Schema, ctx: RewriteContext) -> list | None:
     for value in candidates:
         if not any(json_equal(value, seen) for seen in distinct):
             distinct.append(value)
+            if len(distinct) > MAX_BRANCHES:  # already too many arrays once one item is allowed: stop
+                break  # comparing (quadratic in a large enum)
     return distinct
 
 
@@ -150,7 +167,7 @@ def _choose(names: list[str], k: int, branch: Callable[[tuple[str, ...]], Schema
     if k > len(names):
         return {"type": [t for t in ALL_TYPES if t != "object"]}
     if math.comb(len(names), k) > MAX_BRANCHES:
-        raise refuse("minProperties/maxProperties", f"expands into {math.comb(len(names), k)} branches")
+        raise refuse("minProperties/maxProperties", f"expands into more than {MAX_BRANCHES} branches")
     return any_of([branch(subset) for subset in itertools.combinations(names, k)])
 
 
