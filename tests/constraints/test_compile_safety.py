@@ -159,3 +159,43 @@ def test_a_finished_output_is_validated_against_the_schema_as_given():
             parse_value(spec, bad)
     with pytest.raises(OutputInvalid, match="Pet"):
         parse_value(JsonSchema(Dog), '{"name": "Rex"}')
+
+
+def test_an_index_over_the_worker_memory_cap_is_refused_by_name(vocab_of, monkeypatch):
+    from cdsl_struct.constraints.backends import outlines_core_backend
+    from cdsl_struct.constraints.backends.outlines_core_process import WorkerPool
+    from cdsl_struct.constraints.backends.outlines_core_worker import MEMORY_ENV
+
+    monkeypatch.setenv(MEMORY_ENV, "100")
+    pool = WorkerPool()
+    monkeypatch.setattr(outlines_core_backend, "WORKERS", pool)
+    try:
+        with pytest.raises(UnsupportedFeature, match="more than 100 MiB") as info:
+            compile(Regex(r"[a-z ]{1,300}"), vocab_of("gpt2"), backend="outlines-core", timeout=60, cache=False)
+        assert info.value.feature == "index size"
+        assert compile(Regex("small[0-9]"), vocab_of("gpt2"), backend="outlines-core", timeout=60, cache=False)
+    finally:
+        pool.close()
+
+
+def test_outlines_core_workers_are_capped_and_a_compile_waits_within_its_timeout(vocab_of, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cdsl_struct.constraints.backends import outlines_core_backend
+    from cdsl_struct.constraints.backends.outlines_core_process import WorkerPool
+
+    pool = WorkerPool(max_workers=1)
+    monkeypatch.setattr(outlines_core_backend, "WORKERS", pool)
+    vocab = vocab_of("gpt2")
+    try:
+        with ThreadPoolExecutor(1) as background:
+            slow = background.submit(compile, Regex(SLOW_ON_OUTLINES_CORE), vocab, backend="outlines-core",
+                                     timeout=3.0, cache=False)
+            time.sleep(0.5)  # the slow one holds the only worker
+            with pytest.raises(CompileTimeout, match="no worker was free"):
+                compile(Regex("waits[0-9]"), vocab, backend="outlines-core", timeout=0.5, cache=False)
+            with pytest.raises(CompileTimeout):
+                slow.result()
+        assert compile(Regex("after-slot[0-9]"), vocab, backend="outlines-core", timeout=30, cache=False)
+    finally:
+        pool.close()

@@ -11,7 +11,11 @@ index build is faster there than in a long-lived parent: 0.15 s vs 0.61 s for a 
 Llama-3, as the unpickled vocabulary is laid out afresh). A fresh worker costs 36 ms (GPT-2) to
 0.22 s (Gemma-3) to start and receive the pickled ``outlines_core.Vocabulary`` (1.6 MB for
 Llama-3); a compile that times out loses its worker, so the next one pays that again.
-Concurrent compiles each take a worker of their own. POSIX only (``select`` on pipes).
+Concurrent compiles each take a worker of their own, at most ``MAX_WORKERS`` at once (more
+wait for one within their timeout). Each worker's address space is capped at
+``CDSL_STRUCT_COMPILE_MEMORY_MB`` (default ``DEFAULT_MEMORY_MB``; 0 lifts the cap): an index
+that needs more makes its worker die, and the compile is refused as ``UnsupportedFeature``
+naming the limit. POSIX only (``select`` on pipes, ``RLIMIT_AS``).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import atexit
 import os
 import pickle
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -29,12 +34,14 @@ from typing import Any
 
 import outlines_core
 
-from ...errors import CompileTimeout
+from ...errors import CompileTimeout, UnsupportedFeature
 from ..vocabulary import TokenVocabulary
-from .outlines_core_worker import HEADER, frame
+from .outlines_core_worker import HEADER, MEMORY_ENV, frame
 
 WORKER_SCRIPT = Path(__file__).with_name("outlines_core_worker.py")
 MAX_IDLE_WORKERS = 2
+MAX_WORKERS = 4
+DEFAULT_MEMORY_MB = 4096
 _PICKLED = "outlines-core/pickled"
 
 
@@ -55,8 +62,11 @@ class Worker:
     """One worker process and the vocabularies it holds."""
 
     def __init__(self) -> None:
+        env = {**os.environ, MEMORY_ENV: os.environ.get(MEMORY_ENV, str(DEFAULT_MEMORY_MB))}
+        self.memory_mb = int(env[MEMORY_ENV] or 0)
         self.process = subprocess.Popen(
-            [sys.executable, str(WORKER_SCRIPT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True
+            [sys.executable, str(WORKER_SCRIPT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
+            env=env,
         )
         self.vocabularies: set[str] = set()
 
@@ -125,8 +135,9 @@ class Worker:
 class WorkerPool:
     """Idle workers to reuse; a worker is taken for one compile and returned or killed after."""
 
-    def __init__(self, max_idle: int = MAX_IDLE_WORKERS) -> None:
+    def __init__(self, max_idle: int = MAX_IDLE_WORKERS, max_workers: int = MAX_WORKERS) -> None:
         self.max_idle = max_idle
+        self._slots = threading.BoundedSemaphore(max_workers)
         self._idle: list[Worker] = []
         self._lock = threading.Lock()
         self._pid = os.getpid()
@@ -135,9 +146,20 @@ class WorkerPool:
                     timeout: float) -> outlines_core.Index:
         """Build the index in a worker; ``CompileTimeout`` (worker killed) after ``timeout`` s.
 
-        ``EngineRejected`` when outlines-core refuses the regex; ``WorkerCrashed`` otherwise.
+        ``EngineRejected`` when outlines-core refuses the regex; ``UnsupportedFeature`` when the
+        index needs more than the worker's memory cap; ``WorkerCrashed`` otherwise.
         """
         deadline = time.monotonic() + timeout
+        if not self._slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise CompileTimeout(f"outlines-core: no worker was free within {timeout:.3g} s "
+                                 f"(at most {MAX_WORKERS} compile at once)")
+        try:
+            return self._build(regex, vocabulary, oc_vocabulary, deadline, timeout)
+        finally:
+            self._slots.release()
+
+    def _build(self, regex: str, vocabulary: TokenVocabulary, oc_vocabulary: Any, deadline: float,
+               timeout: float) -> outlines_core.Index:
         worker = self._take()
         try:
             index = worker.build_index(regex, vocabulary, oc_vocabulary, deadline)
@@ -149,6 +171,14 @@ class WorkerPool:
             raise CompileTimeout(
                 f"outlines-core: compile took longer than {timeout:.3g} s (its worker process was stopped)"
             ) from None
+        except WorkerCrashed:
+            worker.kill()
+            if worker.memory_mb and (worker.process.returncode == -signal.SIGABRT):
+                raise UnsupportedFeature(
+                    f"outlines-core: the index needs more than {worker.memory_mb} MiB to build "
+                    f"({MEMORY_ENV}); use a smaller constraint or backend='llguidance'",
+                    feature="index size", backend="outlines-core") from None
+            raise
         except BaseException:
             worker.kill()
             raise

@@ -25,6 +25,7 @@ from typing import IO, Any
 import outlines_core
 
 HEADER = struct.Struct("<Q")
+MEMORY_ENV = "CDSL_STRUCT_COMPILE_MEMORY_MB"
 
 
 def read_message(stream: IO[bytes]) -> Any:
@@ -60,8 +61,20 @@ def handle(request: tuple[str, bytes | None, str], vocabularies: dict[str, Any])
         return ("crash", traceback.format_exc())
 
 
+def limit_memory() -> None:
+    """Cap this process's address space at ``MEMORY_ENV`` MiB (when set), so that one explosive
+    index cannot take the machine's memory: past it the build fails and the worker dies."""
+    megabytes = int(os.environ.get(MEMORY_ENV) or 0)
+    if megabytes > 0:
+        import resource
+
+        limit = megabytes * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
 def main() -> None:
     """Serve requests until stdin closes."""
+    limit_memory()
     requests = os.fdopen(os.dup(0), "rb")
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed goes to stderr, never into the replies
