@@ -303,12 +303,20 @@ def _read_grammar(source: Any) -> tuple[str, str]:
     return source, "<grammar text>"
 
 
+MAX_RULE_ALTERNATIVES = 4096
+
+
 def check_lark_grammar(text: str, origin: str = "<grammar text>") -> None:
     """Load the grammar with lark; raise ``GrammarSyntaxError`` with line and column on failure
-    (``UnsupportedFeature`` for one nested deeper than ``MAX_NESTING``)."""
+    (``UnsupportedFeature`` for one nested deeper than ``MAX_NESTING``, or with a rule that lark
+    would expand into more than ``MAX_RULE_ALTERNATIVES`` alternatives)."""
     check_nesting(text, f"{origin}")
     try:
+        _check_rule_expansion(text, origin)
         lark.Lark(text, start="start", parser="earley")
+    except RecursionError:
+        raise UnsupportedFeature(f"{origin}: the grammar nests or repeats too deeply for the parser",
+                                 feature="grammar size") from None
     except lark.exceptions.UnexpectedInput as exc:
         line, column = getattr(exc, "line", None), getattr(exc, "column", None)
         raise GrammarSyntaxError(
@@ -320,3 +328,47 @@ def check_lark_grammar(text: str, origin: str = "<grammar text>") -> None:
         line = int(found.group(1)) if found else None
         column = int(found.group(2)) if found and found.group(2) else None
         raise GrammarSyntaxError(f"{origin}: grammar error: {exc}", line=line, column=column) from None
+
+
+def _check_rule_expansion(text: str, origin: str) -> None:
+    """Refuse a rule that lark's Earley parser would expand into too many alternatives: it turns
+    each optional item (``x?``, ``[x]``, ``x*``) and inline group of a rule into separate
+    alternatives, so 16 optional items in one rule take seconds and 64 would never finish."""
+    from lark.load_grammar import GrammarBuilder
+
+    builder = GrammarBuilder()
+    builder.load_grammar(text, origin)
+    for name, definition in builder._definitions.items():  # lark keeps no public view of them
+        if not definition.is_term and _alternatives(definition.tree) > MAX_RULE_ALTERNATIVES:
+            raise UnsupportedFeature(
+                f"{origin}: rule {str(name)!r} expands into more than {MAX_RULE_ALTERNATIVES} alternatives (each "
+                "optional item or inline group doubles them or more); split it into smaller rules",
+                feature="grammar size")
+
+
+def _alternatives(node: Any) -> int:
+    """How many BNF alternatives lark makes of an EBNF rule tree (capped just past the limit)."""
+    cap = MAX_RULE_ALTERNATIVES + 1
+    if not isinstance(node, lark.Tree):
+        return 1
+    if node.data == "expansions":
+        return min(cap, sum(_alternatives(child) for child in node.children))
+    if node.data == "expansion":
+        total = 1
+        for child in node.children:
+            total = min(cap, total * _alternatives(child))
+        return total
+    if node.data == "maybe":
+        return min(cap, _alternatives(node.children[0]) + 1)
+    if node.data == "expr":
+        inner = _alternatives(node.children[0])
+        op = node.children[1] if len(node.children) > 1 else None
+        if op in ("?", "*"):
+            return min(cap, inner + 1)
+        if op == "~":  # x ~ n or x ~ n..m: sequences of n to m copies
+            counts = [int(str(t)) for t in node.children[2:] if str(t).isdigit()]
+            high = max(counts) if counts else 1
+            return cap if inner > 1 and high > 12 else min(cap, sum(inner ** k for k in range(min(counts or [1]),
+                                                                                          high + 1)))
+        return inner
+    return 1

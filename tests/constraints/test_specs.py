@@ -108,3 +108,18 @@ def test_nesting_beyond_the_limit_is_refused_before_any_parser_recurses():
         Regex("(" * 400 + "a" + ")" * 400)
     with pytest.raises(UnsupportedFeature, match="nests 3000 levels"):
         Grammar.from_text("start: " + "(" * 3000 + '"a"' + ")" * 3000)
+
+
+@pytest.mark.parametrize("rule", [" ".join(['"a"?'] * 64), " ".join(['["a"]'] * 4000), '("a"|"b") ~ 3..20',
+                                  " ".join(['("a"|"b"|"c")'] * 9)])
+def test_a_rule_lark_would_expand_exponentially_is_refused_before_lark_builds_it(rule):
+    """Each optional item doubles a rule's alternatives in lark's Earley parser: 64 of them never
+    finished loading (and 4000 raised RecursionError, a 500 in the server)."""
+    with pytest.raises(UnsupportedFeature, match="alternatives") as info:
+        Grammar.from_text(f"start: x\nx: {rule}\n")
+    assert info.value.feature == "grammar size"
+
+
+def test_a_rule_with_a_few_optional_items_still_loads():
+    grammar = Grammar.from_text('start: x\nx: ' + " ".join(['"a"?'] * 8) + "\n")
+    assert grammar.parse("aaa")
