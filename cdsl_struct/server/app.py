@@ -24,6 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 from ..constraints.whitespace import DEFAULT_WHITESPACE
+from ..errors import CompileTimeout
 from ..tools import CallStream
 from . import responses
 from .auth import API_KEY_ENV, ApiKeyAuth
@@ -86,50 +87,86 @@ class _Service:
     def _generate(self, call: GenerateCall, cancel: threading.Event, **extra: Any) -> Any:
         return self.generator.generate(call.prompt, cancel=cancel, **call.kwargs, **extra)
 
+    async def read(self, body: ChatCompletionRequest | CompletionRequest) -> GenerateCall:
+        """The request's ``GenerateCall``, read off the event loop (a client's grammar builds a
+        lark parser) within the compile timeout: past it the client gets 400 ``compile_timeout``
+        at once (the reading thread, bounded by the grammar limits, ends by itself)."""
+        timeout = getattr(self.generator, "compile_timeout", None)
+        reading = asyncio.to_thread(body.to_call, self.config.default_max_tokens, self.config.limits)
+        try:
+            return await asyncio.wait_for(reading, timeout)
+        except asyncio.TimeoutError:
+            raise from_exception(CompileTimeout(f"reading the request's constraint took longer than {timeout} s"),
+                                 param=None) from None
+
+    async def _watch(self, cancel: threading.Event, http: Request, deadline: float, *,
+                     disconnects: bool = True) -> None:
+        """Set ``cancel`` when ``deadline`` passes or (with ``disconnects``) the client goes away."""
+        while not cancel.is_set():
+            await asyncio.sleep(DISCONNECT_POLL_S)
+            if time.perf_counter() > deadline or (disconnects and await http.is_disconnected()):
+                cancel.set()
+
+    def _deadline_error(self) -> APIError:
+        return APIError(504, f"The request ran past the server's deadline of {self.config.request_timeout} s "
+                             "(or its client went away) and was cancelled.", code="deadline_exceeded")
+
     # --- whole answers --------------------------------------------------------------------------
     async def answer(self, call: GenerateCall, http: Request) -> list[Any]:
         """Run ``call``; cancel its rows if the client goes away or the deadline passes."""
         cancel = threading.Event()
         self.cancels.add(cancel)
         started = time.perf_counter()
+        watcher = asyncio.ensure_future(self._watch(cancel, http, started + self.config.request_timeout))
         try:
-            task = asyncio.ensure_future(self.worker.run(lambda: self._generate(call, cancel)))
-            deadline = started + self.config.request_timeout
-            while not task.done():
-                await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-                if task.done():
-                    break
-                if await http.is_disconnected() or time.perf_counter() > deadline:
-                    cancel.set()
-            try:
-                output = task.result()
-            except Exception as exc:
-                raise from_exception(exc, param=call.constraint_param) from exc
+            output = await self.worker.run(lambda: self._generate(call, cancel))
+        except Exception as exc:
+            raise from_exception(exc, param=call.constraint_param) from exc
         finally:
             cancel.set()  # also when this handler is cancelled (server shutdown)
             self.cancels.discard(cancel)
+            watcher.cancel()
         results = output if isinstance(output, list) else [output]
         self.metrics.observe(results, started)
         if any(r.finish_reason == "cancelled" for r in results):
-            raise APIError(504, f"The request ran past the server's deadline of {self.config.request_timeout} s "
-                                "(or its client went away) and was cancelled.", code="deadline_exceeded")
+            raise self._deadline_error()
         return results
 
     # --- streams ----------------------------------------------------------------------------------
-    async def stream(self, call: GenerateCall, *, chat: bool, include_usage: bool) -> StreamingResponse:
-        """Server-sent events; errors before the first item are answered with their status code."""
+    async def stream(self, call: GenerateCall, http: Request, *, chat: bool,
+                     include_usage: bool) -> StreamingResponse:
+        """Server-sent events; errors before the first item are answered with their status code.
+
+        The deadline holds for the whole stream; a client that goes away before the first item is
+        noticed here (after it, the response notices and closes the events, cancelling the row).
+        """
         cancel = threading.Event()
         self.cancels.add(cancel)
         started = time.perf_counter()
+        deadline = started + self.config.request_timeout
+        watcher = asyncio.ensure_future(self._watch(cancel, http, deadline))
         items = self.worker.stream(lambda: self._stream_items(call, cancel))
         try:
             first = await items.__anext__()
-        except Exception as exc:
+        except BaseException as exc:
             cancel.set()
             self.cancels.discard(cancel)
+            watcher.cancel()
             await items.aclose()
-            raise from_exception(exc, param=call.constraint_param) from exc
-        events = self._events(first, items, call, ChunkWriter(self.model, chat=chat), include_usage, cancel, started)
+            if isinstance(exc, Exception):
+                raise from_exception(exc, param=call.constraint_param) from exc
+            raise
+        watcher.cancel()  # from here the response watches the connection; only the deadline is ours
+        if not cancel.is_set():
+            watcher = asyncio.ensure_future(self._watch(cancel, http, deadline, disconnects=False))
+        if _cancelled_result(first):  # the client left or the deadline passed before any text
+            cancel.set()
+            self.cancels.discard(cancel)
+            watcher.cancel()
+            await items.aclose()
+            raise self._deadline_error()
+        events = self._events(first, items, call, ChunkWriter(self.model, chat=chat), include_usage, cancel, started,
+                              watcher)
         return StreamingResponse(events, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -143,7 +180,8 @@ class _Service:
                 close()
 
     async def _events(self, first: Any, items: AsyncIterator[Any], call: GenerateCall, writer: ChunkWriter,
-                      include_usage: bool, cancel: threading.Event, started: float) -> AsyncIterator[str]:
+                      include_usage: bool, cancel: threading.Event, started: float,
+                      watcher: asyncio.Future) -> AsyncIterator[str]:
         calls = CallStream() if call.tool_mode and writer.chat else None
         if writer.chat:
             yield writer.delta({"role": "assistant", "content": None if calls else ""})
@@ -173,9 +211,15 @@ class _Service:
         finally:
             cancel.set()  # a client that went away closes this generator: its row stops within a step
             self.cancels.discard(cancel)
+            watcher.cancel()
             await items.aclose()
         if result is None:
             yield responses.sse(APIError(500, "The generation ended without a result.").body())
+            yield responses.sse("[DONE]")
+            return
+        if result.finish_reason == "cancelled":  # the deadline passed mid-stream
+            self.metrics.observe([result], started, first_at)
+            yield responses.sse(self._deadline_error().body())
             yield responses.sse("[DONE]")
             return
         if calls is not None:
@@ -257,11 +301,9 @@ def create_app(generator: Any, config: ServerConfig | None = None, **options: An
     async def chat_completions(body: ChatCompletionRequest, http: Request) -> dict[str, Any] | StreamingResponse:
         """Chat completion: messages through the chat template, constrained output or tool calls."""
         service.check_model(body.model)
-        # off the event loop: reading a client's grammar builds a lark parser, which must not stall
-        # every other request, /health and open streams
-        call = await asyncio.to_thread(body.to_call, config.default_max_tokens, config.limits)
+        call = await service.read(body)
         if body.stream:
-            return await service.stream(call, chat=True, include_usage=body.include_usage)
+            return await service.stream(call, http, chat=True, include_usage=body.include_usage)
         results = await service.answer(call, http)
         return responses.chat_completion(results, service.model, call.named_tool)
 
@@ -269,15 +311,17 @@ def create_app(generator: Any, config: ServerConfig | None = None, **options: An
     async def completions(body: CompletionRequest, http: Request) -> dict[str, Any] | StreamingResponse:
         """Text completion of a prompt (or a list of prompts), constrained by the extension fields."""
         service.check_model(body.model)
-        # off the event loop: reading a client's grammar builds a lark parser, which must not stall
-        # every other request, /health and open streams
-        call = await asyncio.to_thread(body.to_call, config.default_max_tokens, config.limits)
+        call = await service.read(body)
         if body.stream:
-            return await service.stream(call, chat=False, include_usage=body.include_usage)
+            return await service.stream(call, http, chat=False, include_usage=body.include_usage)
         results = await service.answer(call, http)
         return responses.text_completion(results, service.model, call.n)
 
     return app
+
+
+def _cancelled_result(item: Any) -> bool:
+    return not isinstance(item, str) and getattr(item, "finish_reason", None) == "cancelled"
 
 
 def serve(host: str = "127.0.0.1", port: int = 8000, model: str = "smollm2", draft: str | None = "auto", *,

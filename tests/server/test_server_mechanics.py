@@ -51,10 +51,8 @@ class FakeGenerator:
         if text == "block":
             self.started.set()
             assert self.release.wait(10)
-        if text == "slow":  # runs until cancelled
-            self.started.set()
-            self.cancelled = cancel.wait(10)
-            return Result(text="", tokens=[], finish_reason="cancelled", complete=False)
+        if text in ("slow", "slow after text"):  # runs until cancelled
+            return self._slow(text, cancel, stream)
         if text == "timeout":
             raise CompileTimeout("compiling took more than 0.01 s")
         if text == "internal":
@@ -83,6 +81,25 @@ class FakeGenerator:
             return result
         pieces = [result.text[i:i + 4] for i in range(0, len(result.text), 4)]
         return iter([*pieces[:-1], result])  # the last piece left out: the server sends the rest
+
+    def _slow(self, text, cancel, stream):
+        """Text ``"ab"`` first (``slow after text``), then nothing until ``cancel``; a cancelled Result."""
+        said = "ab" if text == "slow after text" else ""
+
+        def wait():
+            self.started.set()
+            self.cancelled = cancel.wait(10)
+            return Result(text=said, tokens=[1] * len(said), finish_reason="cancelled", complete=False)
+
+        if not stream:
+            return wait()
+
+        def items():
+            if said:
+                yield said
+            yield wait()
+
+        return items()
 
 
 @pytest.fixture(scope="module")
@@ -353,6 +370,57 @@ def test_client_that_goes_away_has_its_rows_cancelled(fake):
         assert time.monotonic() < deadline, "the row was not cancelled when its client went away"
         time.sleep(0.02)
     assert generator.cancelled
+
+
+def test_a_stream_past_its_deadline_before_any_text_is_504(fake):
+    generator, base_url = fake
+    generator.cancelled = None
+    with httpx.Client(timeout=10) as http:
+        response = http.post(f"{base_url}/chat/completions",
+                             json={"messages": [{"role": "user", "content": "slow"}], "stream": True})
+    assert response.status_code == 504 and response.json()["error"]["code"] == "deadline_exceeded"
+    assert generator.cancelled
+
+
+def test_a_stream_past_its_deadline_mid_text_ends_with_an_error_event(fake):
+    generator, base_url = fake
+    generator.cancelled = None
+    with httpx.Client(timeout=10) as http:
+        response = http.post(f"{base_url}/chat/completions",
+                             json={"messages": [{"role": "user", "content": "slow after text"}], "stream": True})
+    assert response.status_code == 200
+    events = [line[len("data: "):] for line in response.text.split("\n\n") if line]
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == "deadline_exceeded"
+    text = "".join(json.loads(e)["choices"][0]["delta"].get("content") or "" for e in events[:-2])
+    assert text == "ab" and generator.cancelled
+
+
+def test_a_stream_whose_client_leaves_before_any_text_is_cancelled(fake):
+    generator, base_url = fake
+    generator.cancelled = None
+    with httpx.Client(timeout=0.5) as http, pytest.raises(httpx.ReadTimeout):
+        http.post(f"{base_url}/chat/completions", json={"messages": [{"role": "user", "content": "slow"}],
+                                                        "stream": True})
+    deadline = time.monotonic() + 2.0  # before the 3 s request deadline: the disconnect did it
+    while generator.cancelled is None:
+        assert time.monotonic() < deadline, "the stream's row was not cancelled when its client went away"
+        time.sleep(0.02)
+    assert generator.cancelled
+
+
+def test_reading_a_client_grammar_stops_at_the_compile_timeout(fake, monkeypatch):
+    import cdsl_struct.constraints.specs as specs
+
+    def slow_check(text, origin="<grammar text>"):
+        time.sleep(3.0)
+
+    monkeypatch.setattr(specs, "check_lark_grammar", slow_check)
+    monkeypatch.setattr(fake[0], "compile_timeout", 0.5, raising=False)
+    started = time.monotonic()
+    with pytest.raises(openai.BadRequestError) as caught:
+        chat(client_for(fake[1]), "x", extra_body={"grammar": 'start: "slow-read"'})
+    assert caught.value.body["code"] == "compile_timeout"
+    assert time.monotonic() - started < 2.5
 
 
 def test_grammar_from_a_client_is_text_never_a_file(fake, tmp_path):
