@@ -7,7 +7,9 @@ Three lines::
     texts = tokenizer.batch_decode(out[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
 
 ``constrained(...)`` returns ``logits_processor`` and ``stopping_criteria`` sharing one
-``ConstraintLogitsProcessor``. It works with greedy search, sampling (``do_sample=True``, also
+``ConstraintLogitsProcessor``; ``finish_reasons(kwargs, out)`` then says which rows are complete,
+cut by ``max_new_tokens``, or invalid (never shown as finished: an invalid row gets no EOS).
+It works with greedy search, sampling (``do_sample=True``, also
 ``num_return_sequences``), beam search (``num_beams``) and batched, left-padded inputs with one
 constraint per input row.
 
@@ -30,7 +32,7 @@ from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria,
 from ..constraints import CompiledConstraint, ConstraintState, allocate_bitmask, apply_bitmask
 from ..errors import InvalidToken
 
-__all__ = ["ConstraintLogitsProcessor", "ConstraintStoppingCriteria", "constrained"]
+__all__ = ["ConstraintLogitsProcessor", "ConstraintStoppingCriteria", "constrained", "finish_reasons"]
 
 _DEAD = None  # a row that took a token its constraint forbids (beam search keeps -inf beams) or hit a dead end
 
@@ -67,13 +69,15 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         unmasked = []
         for i, key in enumerate(keys):
             state = self._states[self._group(i)][key]
-            if state is _DEAD:
-                for eos in self._constraint(i).vocabulary.eos_token_ids:
-                    mask[i, eos // 32] |= _bit(eos)
-            elif state.finished:
-                unmasked.append(i)  # transformers pads finished rows itself; keep the row finite
-            else:
+            if state is not _DEAD and not state.finished:
                 state.fill_mask(mask[i])
+                if not bool(mask[i].any()):  # a dead end: nothing allowed, and not complete
+                    self._states[self._group(i)][key] = state = _DEAD
+            if state is _DEAD or state.finished:
+                # transformers pads finished rows itself; a dead row is not given EOS (it would
+                # look finished): the stopping criteria end it after this token, and
+                # ``finish_reasons`` calls it invalid. Either way the row's scores stay finite.
+                unmasked.append(i)
         kept = scores[unmasked].clone() if unmasked else None
         apply_bitmask(scores, mask)
         if kept is not None:
@@ -85,6 +89,28 @@ class ConstraintLogitsProcessor(LogitsProcessor):
     def state_of(self, group: int, generated: Sequence[int]) -> ConstraintState | None:
         """The state of input row ``group`` after ``generated`` tokens, if this step holds it."""
         return self._states[group].get(tuple(generated)) if self._states else None
+
+    def finish_reasons(self, sequences: torch.Tensor, pad_token_id: int | None = None) -> list[str]:
+        """For each row ``model.generate`` returned: ``"stop"`` (its constraint is complete),
+        ``"length"`` (still open: ``max_new_tokens`` ran out) or ``"invalid"`` (it took a token
+        its constraint forbids or reached a dead end). Rows are replayed from the start, so this
+        holds for any search; ``pad_token_id`` (the padding after a finished row) is skipped
+        once the constraint is complete."""
+        if sequences.shape[0] % len(self.constraints):
+            raise ValueError(f"{sequences.shape[0]} sequences for {len(self.constraints)} constraints")
+        per_group = sequences.shape[0] // len(self.constraints)
+        reasons = []
+        for i, row in enumerate(sequences[:, self.prompt_length:].tolist()):
+            state: ConstraintState | None = self.constraints[i // per_group].new_state()
+            for token in row:
+                if state.finished and token == pad_token_id:
+                    continue
+                state = _step(state, token)
+                if state is _DEAD:
+                    break
+            reasons.append("invalid" if state is _DEAD else "stop" if state.finished or state.is_complete()
+                           else "length")
+        return reasons
 
     # --- internals --------------------------------------------------------------------------------
 
@@ -139,11 +165,6 @@ def _step(state: ConstraintState, token: int) -> ConstraintState | None:
     return state
 
 
-def _bit(token: int) -> int:
-    value = 1 << (token % 32)
-    return value - (1 << 32) if value >= 1 << 31 else value
-
-
 class ConstraintStoppingCriteria(StoppingCriteria):
     """Stops a row once its constraint has consumed EOS (also when the tokenizer's EOS is not the
     model's ``generation_config.eos_token_id``) or the row can no longer be completed."""
@@ -164,6 +185,13 @@ class ConstraintStoppingCriteria(StoppingCriteria):
             eos = constraints[group].vocabulary.eos_token_ids
             done[i] = parent is _DEAD or parent.finished or row[-1] in eos
         return done
+
+
+def finish_reasons(generate_kwargs: dict[str, Any], sequences: torch.Tensor,
+                   pad_token_id: int | None = None) -> list[str]:
+    """``ConstraintLogitsProcessor.finish_reasons`` for the processor in ``constrained(...)``'s kwargs."""
+    processor = next(p for p in generate_kwargs["logits_processor"] if isinstance(p, ConstraintLogitsProcessor))
+    return processor.finish_reasons(sequences, pad_token_id)
 
 
 def constrained(constraints: CompiledConstraint | Sequence[CompiledConstraint]) -> dict[str, Any]:

@@ -9,7 +9,12 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 import cdsl_struct as cs
-from cdsl_struct.integrations.transformers_processor import ConstraintLogitsProcessor, constrained
+from cdsl_struct.integrations.transformers_processor import (
+    ConstraintLogitsProcessor,
+    ConstraintStoppingCriteria,
+    constrained,
+    finish_reasons,
+)
 
 
 class City(BaseModel):
@@ -74,9 +79,33 @@ def check_values(texts: list[str], per_row: int) -> None:
 
 def test_greedy_batch_one_constraint_per_row(lm, constraints):
     inputs = encode(lm, PROMPTS)
-    out = lm.model.generate(**inputs, **constrained(constraints), max_new_tokens=MAX_NEW, do_sample=False,
+    kwargs = constrained(constraints)
+    out = lm.model.generate(**inputs, **kwargs, max_new_tokens=MAX_NEW, do_sample=False,
                             pad_token_id=lm.tokenizer.pad_token_id)
     check_values(rows_valid(lm, out, inputs, constraints, 1), 1)
+    assert finish_reasons(kwargs, out, lm.tokenizer.pad_token_id) == ["stop"] * 3
+    short = lm.model.generate(**inputs, **kwargs, max_new_tokens=2, do_sample=False,
+                              pad_token_id=lm.tokenizer.pad_token_id)
+    assert finish_reasons(kwargs, short, lm.tokenizer.pad_token_id)[0] == "length"  # '{"' is not a City yet
+
+
+def test_a_row_its_constraint_rejects_gets_no_eos_and_is_reported_invalid(lm, constraints):
+    """A dead row (beam search keeps -inf beams; an engine dead end) must not look finished."""
+    digits = constraints[1]
+    processor = ConstraintLogitsProcessor(digits)
+    prompt = torch.tensor([[1, 2, 3]])
+    vocab = lm.model.config.vocab_size
+    processor(prompt, torch.zeros(1, vocab))
+    letter = lm.tokenizer.encode("x", add_special_tokens=False)[0]  # not a digit: forbidden
+    dead = torch.tensor([[1, 2, 3, letter]])
+    scores = processor(dead, torch.zeros(1, vocab))
+    assert torch.isfinite(scores).all()  # not narrowed to EOS: nothing makes the row look complete
+    stop = ConstraintStoppingCriteria(processor)
+    assert stop(torch.tensor([[1, 2, 3, letter, 7]]), scores).tolist() == [True]
+    assert processor.finish_reasons(torch.tensor([[1, 2, 3, letter, 7]])) == ["invalid"]
+    digit = lm.tokenizer.encode("4", add_special_tokens=False)[0]
+    eos = digits.vocabulary.eos_token_id
+    assert processor.finish_reasons(torch.tensor([[1, 2, 3, digit, eos]])) == ["stop"]
 
 
 def test_greedy_matches_our_own_decoder(lm, constraints):
