@@ -323,9 +323,14 @@ class Generator:
                 emit(holdback.push(deltas.push(tokens)))
 
         if request.method in ("cdlh", "cdsl"):
-            with self._solo_lock:
+            if not _acquire_unless_cancelled(self._solo_lock, cancel):
+                return Result(text="", tokens=[], finish_reason="cancelled", complete=False)
+            try:
                 result = decode(self.target, compiled, prompt, k=self.k, max_tokens=request.max_tokens,
-                                params=request.params, on_tokens=on_tokens, strategy=self._strategy(request))
+                                params=request.params, on_tokens=on_tokens, strategy=self._strategy(request),
+                                cancel=cancel)
+            finally:
+                self._solo_lock.release()
         else:
             proposers = [getattr(p, "fork", lambda p=p: p)() for p in self.proposers] \
                 if request.method == "speculative" else []
@@ -451,6 +456,14 @@ def _added(a: DecodeStats, b: DecodeStats) -> DecodeStats:
 
 
 _generators: dict[tuple, Generator] = {}
+def _acquire_unless_cancelled(lock: threading.Lock, cancel: threading.Event | None, poll: float = 0.05) -> bool:
+    """Take ``lock``, waiting; ``False`` (lock not taken) once ``cancel`` is set while waiting."""
+    while not lock.acquire(timeout=poll):
+        if cancel is not None and cancel.is_set():
+            return False
+    return True
+
+
 _generators_lock = threading.Lock()
 
 

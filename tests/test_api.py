@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 
 import jsonschema
 import lark
@@ -142,6 +143,35 @@ def test_keywords_with_a_schema_give_valid_json(gen):
     assert result.method == "cdsl"
     assert result.complete, result.text
     jsonschema.validate(result.value, schema)
+
+
+def test_keyword_requests_are_cancelled_while_decoding_and_while_waiting_their_turn(gen):
+    """CDLH/CDSL decode one sequence at a time; a cancelled one stops within a step, and one
+    waiting for its turn stops waiting (a server's deadline or a client gone)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    running, waiting = threading.Event(), threading.Event()
+    kwargs = dict(keywords=["dog", "ball"], max_tokens=200, method="cdlh")
+    with ThreadPoolExecutor(2) as pool:
+        try:
+            busy = pool.submit(lambda: gen.generate("Write a long story about a dog.", cancel=running,
+                                                    stream=False, **kwargs))
+            deadline = time.monotonic() + 30
+            while not gen._solo_lock.locked():  # the first holds the target...
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            stream = gen.generate("Write about a ball.", cancel=waiting, stream=True, **kwargs)
+            queued = pool.submit(lambda: list(stream))  # ...the second waits for it
+            time.sleep(0.5)
+            waiting.set()
+            items = queued.result(timeout=30)
+            assert items[-1].finish_reason == "cancelled" and items[-1].tokens == []
+            assert not busy.done()
+        finally:
+            running.set()
+        result = busy.result(timeout=60)
+    assert result.finish_reason == "cancelled" and not result.complete and result.value is None
+    assert len(result.tokens) < 200
 
 
 def test_sampling_is_seeded_and_valid(gen):

@@ -9,6 +9,7 @@ tail and commits one target-chosen token. With no proposer this is plain target 
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -132,12 +133,14 @@ def decode(
     params: SamplingParams | None = None,
     on_tokens: Callable[[list[int]], None] | None = None,
     strategy: Callable[[Session], list[int]] | None = None,
+    cancel: threading.Event | None = None,
 ) -> Result:
     """Decode under ``compiled`` with the target verifying what ``proposers`` speculate.
 
     ``k`` bounds the tokens proposed per step (forced tokens may add up to 32 more).
     ``on_tokens`` receives each step's newly committed tokens (streaming). ``strategy``
     replaces the propose-and-verify step (CDLH, CDSL); it commits tokens and returns them.
+    ``cancel``: once set, decoding ends before the next step with ``finish_reason="cancelled"``.
     """
     if k < 0:
         raise ValueError(f"k must be >= 0, got {k}")
@@ -153,8 +156,11 @@ def decode(
         target.run(session.prompt[:-1], keep=1)  # prefill; the last prompt token goes with step 1
     session.stats.prefill_seconds = time.perf_counter() - started
 
-    dead_end = False
+    dead_end = cancelled = False
     while not state.finished and len(session.output) < max_tokens:
+        if cancel is not None and cancel.is_set():
+            cancelled = True
+            break
         session.max_tokens = max_tokens
         committed = strategy(session) if strategy else step(session, proposers, k, max_tokens)
         if not committed:
@@ -168,7 +174,10 @@ def decode(
     stats.target_positions = target.positions - target_before[1]
     stats.target_seconds = target.seconds - target_before[2]
     stats.decode_seconds = time.perf_counter() - started - stats.prefill_seconds
-    return finish(session, dead_end)
+    result = finish(session, dead_end)
+    if cancelled:
+        result.finish_reason, result.complete, result.value = "cancelled", False, None
+    return result
 
 
 def step(session: Session, proposers: Sequence[Proposer], k: int, max_tokens: int) -> list[int]:
