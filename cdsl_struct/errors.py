@@ -44,6 +44,10 @@ class CompileTimeout(CompileError):
     """Compiling took longer than the allowed timeout."""
 
 
+class MatcherError(CdslError):
+    """An engine's matcher failed while decoding (an engine fault, not a verdict on the spec)."""
+
+
 class InvalidToken(CdslError):
     """A token was advanced that the constraint does not allow in the current state."""
 

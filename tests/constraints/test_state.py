@@ -153,3 +153,27 @@ def test_forced_tokens_are_the_only_choice(compiled):
         assert token in allowed
         state.advance(token)
     assert compiled.vocabulary.decode(forced).startswith(b'{"')
+
+
+def test_a_matcher_failing_while_decoding_is_a_matcher_error_not_a_compile_error():
+    """A compile error would tell a client its constraint was bad (400); this is the engine's fault."""
+    from cdsl_struct import MatcherError
+    from cdsl_struct.errors import CompileError
+    from cdsl_struct.server.errors import from_exception
+
+    class Failed:
+        def unsafe_compute_mask_ptr(self, pointer, nbytes):
+            pass
+
+        def is_error(self):
+            return True
+
+        def get_error(self):
+            return "internal parser failure\ndetails"
+
+    state = compile(Regex("[0-9]+"), "gpt2", backend="llguidance").new_state()
+    state._matcher = Failed()
+    with pytest.raises(MatcherError, match="internal parser failure") as info:
+        state.fill_mask(allocate_bitmask(state.compiled.vocab_size))
+    assert not isinstance(info.value, CompileError)
+    assert from_exception(info.value).status == 500

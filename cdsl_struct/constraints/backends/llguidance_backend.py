@@ -21,7 +21,7 @@ from typing import Any
 
 import llguidance
 
-from ...errors import CompileError, GrammarSyntaxError, UnsatisfiableSchema, UnsupportedFeature
+from ...errors import CompileError, GrammarSyntaxError, MatcherError, UnsatisfiableSchema, UnsupportedFeature
 from ..specs import Choice, ConstraintSpec, Grammar, JsonSchema, Regex
 from ..state import ConstraintState
 from ..vocabulary import TokenVocabulary
@@ -173,7 +173,7 @@ class LLGuidanceState(ConstraintState):
 
     def _check(self) -> None:
         if self._matcher.is_error():
-            raise CompileError(f"llguidance matcher failed: {self._matcher.get_error().splitlines()[0]}")
+            raise MatcherError(f"llguidance matcher failed: {self._matcher.get_error().splitlines()[0]}")
 
     def _engine_fill(self, pointer: int, nbytes: int) -> None:
         self._matcher.unsafe_compute_mask_ptr(pointer, nbytes)
