@@ -348,8 +348,8 @@ def _attempt(
 ) -> EngineProgram:
     """One engine's compile, under ``timeout`` enforced as that backend says."""
     backend = get_backend(name)
-    if getattr(backend, "enforces_timeout", False):
-        return backend.compile(spec, vocabulary, policy, timeout=timeout)  # type: ignore[call-arg]
+    if backend.enforces_timeout:
+        return backend.compile(spec, vocabulary, policy, timeout=timeout)
     if timeout is None:
         return backend.compile(spec, vocabulary, policy)
     return _run_in_thread(lambda: backend.compile(spec, vocabulary, policy), timeout, name)

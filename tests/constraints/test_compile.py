@@ -128,6 +128,7 @@ def test_auto_falls_back_on_timeout(vocab_of, monkeypatch):
 
     class Slow:
         name = "llguidance"
+        enforces_timeout = False
 
         def compile(self, *args):
             threading.Event().wait(10)

@@ -41,6 +41,7 @@ def test_a_timeout_is_remembered_only_for_a_timeout_as_short(vocab_of, monkeypat
 
     class Stuck:
         name = "llguidance"
+        enforces_timeout = False
 
         def compile(self, *args):
             started.append(1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from ..specs import ConstraintSpec
 from ..vocabulary import TokenVocabulary
@@ -27,21 +27,24 @@ class EngineProgram(ABC):
     def new_state(self, compiled: CompiledConstraint) -> ConstraintState: ...
 
 
-class Backend(Protocol):
+class Backend(ABC):
     """An engine. ``compile`` raises a ``CompileError`` subclass when the engine refuses the spec
     (translated from the engine's own errors, where their meaning is known); any other exception
     is a bug and is not caught by ``compile()``.
 
-    ``enforces_timeout``: when true, ``compile`` also takes ``timeout=`` (seconds or ``None``) and
-    stops the engine itself when it passes; otherwise (the default) the compiler runs ``compile`` in
-    a thread and abandons it at the timeout, which is only sound for an engine whose own limits
+    ``enforces_timeout``: when true, ``compile`` stops the engine itself once ``timeout`` seconds
+    pass; otherwise (the default) it ignores ``timeout`` and the compiler runs ``compile`` in a
+    thread that it abandons at the timeout, which is only sound for an engine whose own limits
     bound its work.
     """
 
     name: str
+    enforces_timeout: bool = False
 
+    @abstractmethod
     def compile(
-        self, spec: ConstraintSpec, vocabulary: TokenVocabulary, whitespace: WhitespacePolicy
+        self, spec: ConstraintSpec, vocabulary: TokenVocabulary, whitespace: WhitespacePolicy,
+        timeout: float | None = None,
     ) -> EngineProgram: ...
 
 

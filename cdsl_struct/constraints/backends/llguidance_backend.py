@@ -26,7 +26,7 @@ from ..specs import Choice, ConstraintSpec, Grammar, JsonSchema, Regex
 from ..state import ConstraintState
 from ..vocabulary import TokenVocabulary
 from ..whitespace import WhitespacePolicy
-from .base import EngineProgram
+from .base import Backend, EngineProgram
 
 NAME = "llguidance"
 
@@ -137,14 +137,15 @@ class LLGuidanceProgram(EngineProgram):
             return self._prototype.deep_copy()
 
 
-class LLGuidanceBackend:
+class LLGuidanceBackend(Backend):
     """Compiles every spec kind into a prototype ``LLMatcher``."""
 
     name = NAME
     enforces_timeout = False  # bounded by llguidance's own limits; see the module docstring
 
     def compile(
-        self, spec: ConstraintSpec, vocabulary: TokenVocabulary, whitespace: WhitespacePolicy
+        self, spec: ConstraintSpec, vocabulary: TokenVocabulary, whitespace: WhitespacePolicy,
+        timeout: float | None = None,
     ) -> LLGuidanceProgram:
         tokenizer = vocabulary.engine_object(NAME, _ll_tokenizer)
         try:

@@ -28,7 +28,7 @@ from ..specs import Choice, ConstraintSpec, Grammar, JsonSchema, Regex
 from ..state import ConstraintState
 from ..vocabulary import TokenVocabulary
 from ..whitespace import WhitespacePolicy
-from .base import EngineProgram
+from .base import Backend, EngineProgram
 from .outlines_core_process import WORKERS, EngineRejected
 from .outlines_core_schema import check_schema_supported
 
@@ -130,7 +130,7 @@ def _index_error(message: str, spec: ConstraintSpec) -> CompileError:
     return CompileError(f"outlines-core: {message}")
 
 
-class OutlinesCoreBackend:
+class OutlinesCoreBackend(Backend):
     """Compiles regexes, choices and JSON Schemas into outlines-core ``Index`` automata."""
 
     name = NAME
