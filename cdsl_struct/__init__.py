@@ -34,6 +34,7 @@ from .errors import (
     UnsatisfiableSchema,
     UnsupportedFeature,
 )
+from .integrations import outlines_types as _outlines_types  # noqa: F401 - registers its converter with as_spec
 from .models.tokenizers import NAMED_TOKENIZERS, load_tokenizer
 from .result import Result
 from .tools import ToolCall, tool_from_function

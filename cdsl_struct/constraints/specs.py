@@ -10,6 +10,7 @@ import functools
 import json
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,18 +156,27 @@ def _shared_parser(text: str) -> tuple[lark.Lark, threading.Lock]:
     return lark.Lark(text, start="start", parser="earley"), threading.Lock()
 
 
+_CONVERTERS: list[tuple[Callable[[Any], bool], Callable[[Any], ConstraintSpec]]] = []
+
+
+def register_spec_converter(accepts: Callable[[Any], bool], convert: Callable[[Any], ConstraintSpec]) -> None:
+    """Teach ``as_spec`` another kind of value: ``convert(value)`` for values where ``accepts(value)``.
+    Integrations register themselves (``cdsl_struct.integrations.outlines_types``), so this core
+    module imports none of them."""
+    _CONVERTERS.append((accepts, convert))
+
+
 def as_spec(value: Any) -> ConstraintSpec:
     """Coerce a spec-like value: a spec, a JSON Schema dict or JSON text, a pydantic model class, or
-    an Outlines output type / Python type form (``Literal[...]``, an ``Enum``, ``int``, a dataclass,
-    ``outlines.types.Regex(...)`` ...; see ``cdsl_struct.integrations.outlines_types``)."""
+    a value a registered converter takes (the package registers Outlines output types and Python
+    type forms: ``Literal[...]``, an ``Enum``, ``int``, a dataclass, ``outlines.types.Regex(...)``...)."""
     if isinstance(value, ConstraintSpec):
         return value
     if isinstance(value, (dict, bool, str, bytes)) or _is_pydantic_model(value):
         return JsonSchema(value)
-    from ..integrations import outlines_types  # lazy: Outlines is an optional extra
-
-    if outlines_types.is_output_type(value):
-        return outlines_types.to_spec(value)
+    for accepts, convert in _CONVERTERS:
+        if accepts(value):
+            return convert(value)
     raise TypeError(
         f"expected JsonSchema, Regex, Choice, Grammar, a schema dict, a pydantic model or an Outlines output "
         f"type, got {type(value)!r}"

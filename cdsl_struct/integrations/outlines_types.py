@@ -28,7 +28,7 @@ import json
 import typing
 from typing import Any
 
-from ..constraints.specs import Choice, ConstraintSpec, Grammar, JsonSchema, Regex
+from ..constraints.specs import Choice, ConstraintSpec, Grammar, JsonSchema, Regex, register_spec_converter
 from ..errors import UnsupportedFeature
 
 __all__ = ["is_output_type", "to_spec"]
@@ -163,3 +163,6 @@ def _outlines_spec(value: Any) -> ConstraintSpec:
         raise UnsupportedFeature(f"{value!r} cannot be turned into one constraint: {exc}",
                                  feature="outlines-term") from None
     return Regex(pattern)
+
+
+register_spec_converter(is_output_type, to_spec)
