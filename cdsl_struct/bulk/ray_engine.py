@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .files import id_key, parse_row
-from .job import BatchJob
+from .settings import BatchJob
 
 
 class DecodeActor:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..api import Generator
     from ..result import Result
-    from .job import BatchJob
+    from .settings import BatchJob
 
 OUTPUT_FIELDS = ("output", "text", "finish_reason", "error")
 

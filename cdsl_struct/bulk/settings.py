@@ -1,0 +1,81 @@
+"""``BatchJob``: the settings every row of a bulk job is decoded under (plain data, so it travels
+to Ray actors). Its own module, so that the job runner, the Ray engine and the row decoder all
+depend on it and not on each other."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..options import DEFAULT_WHITESPACE
+
+
+@dataclass
+class BatchJob:
+    """What every row is decoded under. Plain data, so it travels to Ray actors.
+
+    Constraint: at most one of ``schema`` (JSON Schema text or dict), ``tools`` (OpenAI tool
+    dicts), ``regex``, ``choices``, ``grammar`` (Lark text, file or shipped name).
+    """
+
+    schema: Any = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = "auto"
+    regex: str | None = None
+    choices: list[str] | None = None
+    grammar: str | None = None
+    model: str = "smollm2"
+    draft: str | None = "auto"
+    backend: str = "auto"
+    whitespace: str = DEFAULT_WHITESPACE
+    loop_guard: bool = True
+    device: str = "auto"
+    dtype: str = "auto"
+    method: str = "auto"
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    max_batch_size: int = 16
+    chat: bool = True
+
+    def generate_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``Generator.generate`` for every row."""
+        kwargs: dict[str, Any] = {"method": self.method, "max_tokens": self.max_tokens,
+                                  "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed,
+                                  "chat": self.chat}
+        for name in ("schema", "regex", "choices", "grammar"):
+            if getattr(self, name) is not None:
+                kwargs[name] = getattr(self, name)
+        if self.tools is not None:
+            kwargs.update(tools=self.tools, tool_choice=self.tool_choice)
+        return kwargs
+
+    def generator(self) -> Any:
+        """A ``Generator`` for this job's model, draft, engine and device."""
+        from ..api import Generator
+
+        return Generator(self.model, draft=self.draft, backend=self.backend, whitespace=self.whitespace,
+                         loop_guard=self.loop_guard, device=self.device, dtype=self.dtype,
+                         max_batch_size=self.max_batch_size)
+
+    def check(self) -> None:
+        """Check the constraint up front: a bad one fails the job before any row, with its typed error."""
+        given = [n for n in ("schema", "tools", "regex", "choices", "grammar") if getattr(self, n) is not None]
+        if len(given) > 1:
+            raise ValueError(f"pass at most one of schema/tools/regex/choices/grammar, got {', '.join(given)}")
+        from ..constraints import Choice, Grammar, JsonSchema, Regex
+
+        if self.schema is not None:  # each raises its typed error for a bad constraint
+            JsonSchema(self.schema)
+        if self.regex is not None:
+            Regex(self.regex)
+        if self.choices is not None:
+            Choice(self.choices)
+        if self.grammar is not None:
+            Grammar(self.grammar)
+        if self.tools is not None and (not isinstance(self.tools, list) or not self.tools):
+            raise ValueError("tools must be a non-empty list of OpenAI tool objects")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
