@@ -102,7 +102,7 @@ class CompiledConstraint:
 
     def new_state(self) -> ConstraintState:
         """A fresh per-sequence state at the start of the output."""
-        return self.program.new_state(self)
+        return self.program.new_state()
 
     @property
     def vocab_size(self) -> int:

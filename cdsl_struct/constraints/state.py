@@ -11,17 +11,18 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import InvalidToken, RollbackError
 from .mask import Bitmask, clear_bitmask, row_pointer, set_bit
 
 if TYPE_CHECKING:
-    from .compiler import CompiledConstraint
+    from .vocabulary import TokenVocabulary
 
 
 class ConstraintState(ABC):
-    """Per-sequence matcher over a ``CompiledConstraint``.
+    """Per-sequence matcher over a compiled constraint's engine program, for one ``vocabulary``
+    (``backend`` names the engine).
 
     ``fill_mask`` writes the allowed next tokens into a bitmask row (int32 words, bit ``i % 32``
     of word ``i // 32`` is token ``i``); EOS is allowed only when the output is complete.
@@ -33,8 +34,9 @@ class ConstraintState(ABC):
     #: how many advanced tokens can always be rolled back
     MAX_ROLLBACK = 1024
 
-    def __init__(self, compiled: CompiledConstraint) -> None:
-        self.compiled = compiled
+    def __init__(self, vocabulary: TokenVocabulary, backend: str) -> None:
+        self.vocabulary = vocabulary
+        self.backend = backend
         self.num_tokens = 0
         self.finished = False
         self.mask_seconds = 0.0
@@ -45,12 +47,12 @@ class ConstraintState(ABC):
     def fill_mask(self, bitmask_row: Bitmask) -> None:
         """Write the allowed next tokens into ``bitmask_row`` (a 1-D int32 tensor or array)."""
         start = time.perf_counter()
-        pointer, nbytes = row_pointer(bitmask_row, self.compiled.vocabulary.size)
+        pointer, nbytes = row_pointer(bitmask_row, self.vocabulary.size)
         if self.finished:
             clear_bitmask(bitmask_row)
         else:
             self._engine_fill(pointer, nbytes)
-            eos_ids = self.compiled.vocabulary.eos_token_ids
+            eos_ids = self.vocabulary.eos_token_ids
             if len(eos_ids) > 1 and self.is_complete():
                 for eos in eos_ids[1:]:
                     set_bit(bitmask_row, eos)
@@ -65,7 +67,7 @@ class ConstraintState(ABC):
         accepted = self.validate(tokens)
         if accepted < len(tokens):
             bad = tokens[accepted]
-            shown = self.compiled.vocabulary.token_bytes[bad] if 0 <= bad < self.compiled.vocabulary.size else b"?"
+            shown = self.vocabulary.token_bytes[bad] if 0 <= bad < self.vocabulary.size else b"?"
             raise InvalidToken(
                 f"token {bad} ({shown!r}) is not allowed after {self.num_tokens + accepted} tokens",
                 token_id=bad, position=accepted,
@@ -77,7 +79,7 @@ class ConstraintState(ABC):
         tokens = list(token_ids)
         if self.finished or not tokens:
             return 0
-        eos_ids = self.compiled.vocabulary.eos_token_ids
+        eos_ids = self.vocabulary.eos_token_ids
         eos_at = next((i for i, t in enumerate(tokens) if t in eos_ids), len(tokens))
         body = tokens[:eos_at]
         count = self._engine_validate(body) if body else 0
@@ -118,7 +120,7 @@ class ConstraintState(ABC):
     # --- helpers ------------------------------------------------------------------------------
 
     def _consume(self, tokens: list[int]) -> None:
-        eos_ids = self.compiled.vocabulary.eos_token_ids
+        eos_ids = self.vocabulary.eos_token_ids
         if tokens[-1] in eos_ids:
             body = tokens[:-1]
             if body:
@@ -163,5 +165,4 @@ class ConstraintState(ABC):
     def _engine_copy(self) -> ConstraintState: ...
 
     def __repr__(self) -> str:
-        engine: Any = self.compiled.backend
-        return f"<{type(self).__name__} {engine} tokens={self.num_tokens} complete={self.is_complete()}>"
+        return f"<{type(self).__name__} {self.backend} tokens={self.num_tokens} complete={self.is_complete()}>"

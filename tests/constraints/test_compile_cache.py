@@ -36,7 +36,15 @@ def test_a_refusal_is_raised_again_without_compiling_again(vocab_of, counted_llg
     assert type(errors[0]) is type(errors[2]) and str(errors[0]) == str(errors[2])
 
 
-def test_a_timeout_is_remembered_only_for_a_timeout_as_short(vocab_of, monkeypatch):
+@pytest.fixture
+def release():
+    """Set at the end of a test, so that compile threads left waiting end with it."""
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+def test_a_timeout_is_remembered_only_for_a_timeout_as_short(vocab_of, monkeypatch, release):
     started = []
 
     class Stuck:
@@ -45,7 +53,7 @@ def test_a_timeout_is_remembered_only_for_a_timeout_as_short(vocab_of, monkeypat
 
         def compile(self, *args):
             started.append(1)
-            threading.Event().wait(5)
+            release.wait(5)
             raise AssertionError("should have timed out")
 
     monkeypatch.setattr(compiler, "get_backend", lambda name: Stuck())
@@ -63,14 +71,14 @@ def test_a_timeout_is_remembered_only_for_a_timeout_as_short(vocab_of, monkeypat
     assert len(started) == 3  # expired
 
 
-def test_auto_spends_one_budget_over_every_engine(vocab_of, monkeypatch):
+def test_auto_spends_one_budget_over_every_engine(vocab_of, monkeypatch, release):
     class Stuck:
         def __init__(self, name: str) -> None:
             self.name = name
             self.enforces_timeout = False
 
         def compile(self, *args):
-            threading.Event().wait(10)
+            release.wait(10)
             raise AssertionError("should have timed out")
 
     monkeypatch.setattr(compiler, "get_backend", Stuck)

@@ -32,7 +32,7 @@ def compiled(request, vocab_of):
 
 
 def mask_of(state):
-    row = allocate_bitmask(state.compiled.vocab_size)
+    row = allocate_bitmask(state.vocabulary.size)
     state.fill_mask(row)
     return row.clone()
 
@@ -174,6 +174,6 @@ def test_a_matcher_failing_while_decoding_is_a_matcher_error_not_a_compile_error
     state = compile(Regex("[0-9]+"), "gpt2", backend="llguidance").new_state()
     state._matcher = Failed()
     with pytest.raises(MatcherError, match="internal parser failure") as info:
-        state.fill_mask(allocate_bitmask(state.compiled.vocab_size))
+        state.fill_mask(allocate_bitmask(state.vocabulary.size))
     assert not isinstance(info.value, CompileError)
     assert from_exception(info.value).status == 500

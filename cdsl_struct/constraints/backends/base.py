@@ -11,7 +11,6 @@ from ..vocabulary import TokenVocabulary
 from ..whitespace import WhitespacePolicy
 
 if TYPE_CHECKING:
-    from ..compiler import CompiledConstraint
     from ..state import ConstraintState
 
 
@@ -24,7 +23,8 @@ class EngineProgram(ABC):
     nbytes: int = 64 * 1024
 
     @abstractmethod
-    def new_state(self, compiled: CompiledConstraint) -> ConstraintState: ...
+    def new_state(self) -> ConstraintState:
+        """A fresh per-sequence state at the start of the output."""
 
 
 class Backend(ABC):

@@ -115,15 +115,16 @@ def engine_error(message: str, spec: ConstraintSpec) -> CompileError:
 class LLGuidanceProgram(EngineProgram):
     """A validated llguidance grammar with a prototype matcher to copy states from."""
 
-    def __init__(self, prototype: llguidance.LLMatcher, grammar_chars: int = 0) -> None:
+    def __init__(self, prototype: llguidance.LLMatcher, vocabulary: TokenVocabulary, grammar_chars: int = 0) -> None:
         self._prototype = prototype
+        self.vocabulary = vocabulary
         self._lock = threading.Lock()
         # llguidance does not report its size: its lexer and parser tables grow with the grammar
         # (bounded by its own limits); a rough per-character figure keeps the cache honest.
         self.nbytes = 64 * 1024 + 64 * grammar_chars
 
-    def new_state(self, compiled: Any) -> ConstraintState:
-        return LLGuidanceState(compiled, self.new_matcher(), self)
+    def new_state(self) -> ConstraintState:
+        return LLGuidanceState(self.new_matcher(), self)
 
     def replay(self, history: list[int]) -> llguidance.LLMatcher:
         """A fresh matcher advanced through ``history``."""
@@ -155,7 +156,7 @@ class LLGuidanceBackend(Backend):
         matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise engine_error(matcher.get_error(), spec)
-        return LLGuidanceProgram(matcher, len(grammar))
+        return LLGuidanceProgram(matcher, vocabulary, len(grammar))
 
 
 class LLGuidanceState(ConstraintState):
@@ -165,9 +166,9 @@ class LLGuidanceState(ConstraintState):
     ``NoExtensionBias``: no token can continue) can be rebuilt; the mask there is empty.
     """
 
-    def __init__(self, compiled: Any, matcher: llguidance.LLMatcher, program: LLGuidanceProgram,
+    def __init__(self, matcher: llguidance.LLMatcher, program: LLGuidanceProgram,
                  history: list[int] | None = None) -> None:
-        super().__init__(compiled)
+        super().__init__(program.vocabulary, NAME)
         self._matcher = matcher
         self._program = program
         self._history: list[int] = list(history or [])
@@ -198,7 +199,7 @@ class LLGuidanceState(ConstraintState):
         del self._history[-n:]
 
     def _engine_forced(self, limit: int) -> list[int]:
-        eos = set(self.compiled.vocabulary.eos_token_ids)
+        eos = set(self.vocabulary.eos_token_ids)
         forced = []
         for token in self._matcher.compute_ff_tokens()[:limit]:
             if token in eos:
@@ -212,11 +213,11 @@ class LLGuidanceState(ConstraintState):
     def _complete_after(self, body: list[int]) -> bool:
         if not body:  # validate_tokens([eos]) answers 0 even where EOS is allowed
             return self._matcher.is_accepting()
-        with_eos = [*body, self.compiled.vocabulary.eos_token_id]
+        with_eos = [*body, self.vocabulary.eos_token_id]
         return self._matcher.validate_tokens(with_eos) == len(with_eos)
 
     def _engine_copy(self) -> LLGuidanceState:
-        return LLGuidanceState(self.compiled, self._matcher.deep_copy(), self._program, self._history)
+        return LLGuidanceState(self._matcher.deep_copy(), self._program, self._history)
 
 
 BACKEND = LLGuidanceBackend()

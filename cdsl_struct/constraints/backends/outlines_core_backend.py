@@ -19,7 +19,6 @@ import functools
 import json
 import pickle
 import threading
-from typing import Any
 
 import outlines_core
 
@@ -75,8 +74,8 @@ class OutlinesProgram(EngineProgram):
         self._forced: dict[int, list[int]] = {}
         self._lock = threading.Lock()
 
-    def new_state(self, compiled: Any) -> ConstraintState:
-        return OutlinesState(compiled, self)
+    def new_state(self) -> ConstraintState:
+        return OutlinesState(self)
 
     @functools.cached_property
     def nbytes(self) -> int:  # type: ignore[override]
@@ -164,8 +163,8 @@ class OutlinesState(ConstraintState):
     ``Guide`` directly loses its rollback depth).
     """
 
-    def __init__(self, compiled: Any, program: OutlinesProgram, history: list[int] | None = None) -> None:
-        super().__init__(compiled)
+    def __init__(self, program: OutlinesProgram, history: list[int] | None = None) -> None:
+        super().__init__(program.vocabulary, NAME)
         self._program = program
         self._guide = outlines_core.Guide(program.index, max_rollback=self.MAX_ROLLBACK)
         self._history: list[int] = []
@@ -208,7 +207,7 @@ class OutlinesState(ConstraintState):
         return self._program.index.is_final_state(self._guide.get_state())
 
     def _engine_copy(self) -> OutlinesState:
-        return OutlinesState(self.compiled, self._program, self._history)
+        return OutlinesState(self._program, self._history)
 
 
 BACKEND = OutlinesCoreBackend()
