@@ -41,7 +41,7 @@ from .errors import PromptTooLong
 from .models.batch import BatchRunner
 from .models.loading import LoadedModel, load_model
 from .models.runner import ModelRunner, self_draft
-from .options import METHODS
+from .options import METHODS, one_constraint
 from .prompts import prompt_ids
 from .result import DecodeStats, Result, parse_value
 from .rewards import KeywordCoverage, Reward, WeightedMean
@@ -363,10 +363,7 @@ class Generator:
 
 def _answer_spec(*, schema: Any, regex: Any, choices: Any, grammar: Any) -> ConstraintSpec | None:
     """The hard constraint named by at most one of the arguments (None: free text)."""
-    given = [name for name, value in (("schema", schema), ("regex", regex), ("choices", choices),
-                                      ("grammar", grammar)) if value is not None]
-    if len(given) > 1:
-        raise ValueError(f"pass at most one of schema/regex/choices/grammar, got {', '.join(given)}")
+    one_constraint({"schema": schema, "regex": regex, "choices": choices, "grammar": grammar})
     if schema is not None:
         return as_spec(schema)
     if regex is not None:

@@ -17,6 +17,25 @@ DEFAULT_WHITESPACE = "flexible"
 the model's own spacing after ``:`` and ``,`` keeps its answers right (BENCHMARKS.md)."""
 
 
+class ConflictingConstraints(ValueError):
+    """More than one hard constraint was given; ``given`` names them in the order passed."""
+
+    def __init__(self, message: str, given: list[str]) -> None:
+        super().__init__(message)
+        self.given = given
+
+
+def one_constraint(given: dict[str, Any]) -> tuple[str, Any] | None:
+    """The one hard constraint among ``given`` (name -> value, ``None`` for unset) as ``(name,
+    value)``; ``None`` when none is set; ``ConflictingConstraints`` when several are. The one
+    place that rule lives: ``generate()``, ``cdsl-struct batch`` and the server use it."""
+    named = [(name, value) for name, value in given.items() if value is not None]
+    if len(named) > 1:
+        names = [name for name, _ in named]
+        raise ConflictingConstraints(f"pass at most one of {'/'.join(given)}, got {', '.join(names)}", names)
+    return named[0] if named else None
+
+
 def add_output_options(parser: Any) -> None:
     """``--whitespace`` and ``--no-loop-guard``: the same options with the same defaults for every
     command that decodes (``generate``, ``batch``, ``serve``)."""

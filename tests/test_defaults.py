@@ -115,3 +115,17 @@ def test_a_number_after_a_key_is_written_as_the_model_writes_it(greedy, passage,
         assert output[position] == free_choice[position], (
             f"at {texts[position]!r} the model would write {tokenizer.decode([free_choice[position]])!r}, "
             f"the constraint made it {tokenizer.decode([output[position]])!r}")
+
+
+def test_one_rule_for_at_most_one_constraint_everywhere():
+    """generate(), cdsl-struct batch and the server share options.one_constraint."""
+    from cdsl_struct.bulk.settings import BatchJob
+    from cdsl_struct.options import ConflictingConstraints, one_constraint
+
+    assert one_constraint({"schema": None, "regex": "a+"}) == ("regex", "a+")
+    assert one_constraint({"schema": None}) is None
+    with pytest.raises(ConflictingConstraints) as info:
+        one_constraint({"schema": {}, "regex": "a", "grammar": "g"})
+    assert info.value.given == ["schema", "regex", "grammar"] and isinstance(info.value, ValueError)
+    with pytest.raises(ConflictingConstraints, match="tools, regex"):
+        BatchJob(tools=[{"type": "function", "function": {"name": "f"}}], regex="a").check()

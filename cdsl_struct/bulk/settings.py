@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..options import DEFAULT_WHITESPACE
+from ..options import DEFAULT_WHITESPACE, one_constraint
 
 
 @dataclass
@@ -61,9 +61,7 @@ class BatchJob:
 
     def check(self) -> None:
         """Check the constraint up front: a bad one fails the job before any row, with its typed error."""
-        given = [n for n in ("schema", "tools", "regex", "choices", "grammar") if getattr(self, n) is not None]
-        if len(given) > 1:
-            raise ValueError(f"pass at most one of schema/tools/regex/choices/grammar, got {', '.join(given)}")
+        one_constraint({name: getattr(self, name) for name in ("schema", "tools", "regex", "choices", "grammar")})
         from ..constraints import Choice, Grammar, JsonSchema, Regex
 
         if self.schema is not None:  # each raises its typed error for a bad constraint

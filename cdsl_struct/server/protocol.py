@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..constraints.specs import Grammar
 from ..decoding.logprobs import MAX_TOP_LOGPROBS
+from ..options import ConflictingConstraints, one_constraint
 from .errors import APIError
 
 
@@ -218,12 +219,15 @@ class _GenerationRequest(_Model):
             given["grammar"] = ("grammar", Grammar.from_text(self.grammar))
         if self.choices is not None:
             given["choices"] = ("choices", self.choices)
-        if len(given) > 1:
-            raise APIError(400, f"Give at most one of response_format (json), regex, grammar and choices; got "
-                                f"{', '.join(given)}.", param=list(given)[1], code="conflicting_constraints")
-        if not given:
+        try:
+            chosen = one_constraint(given)
+        except ConflictingConstraints as exc:
+            names = ", ".join(exc.given)
+            message = f"Give at most one of response_format (json), regex, grammar and choices; got {names}."
+            raise APIError(400, message, param=exc.given[1], code="conflicting_constraints") from None
+        if chosen is None:
             return {}, None
-        param, (keyword, value) = next(iter(given.items()))
+        param, (keyword, value) = chosen
         return {keyword: value}, param
 
     def _sized_constraint(self, limits: ServerLimits) -> tuple[dict[str, Any], str | None]:
