@@ -33,7 +33,7 @@ import torch
 from ..constraints import CompiledConstraint
 from ..constraints.mask import apply_bitmask
 from ..errors import CdslError
-from ..models.batch import BatchRunner, Feed
+from ..models.batch import COMPACT_SLACK, BatchRunner, Feed
 from ..result import DecodeStats, Result
 from .logprobs import MAX_TOP_LOGPROBS, token_logprobs
 from .loop import Proposal, Proposer, Session, commit, fill_deferred_masks, finish, propose, truncate
@@ -142,7 +142,7 @@ class Scheduler:
         rows = self.running + [request]
         if len(rows) > self.max_batch_size:
             return False
-        need = len(rows) * (2 * max(r.reserved_tokens for r in rows) + 32) * self.bytes_per_token
+        need = len(rows) * (2 * max(r.reserved_tokens for r in rows) + COMPACT_SLACK) * self.bytes_per_token
         return need <= self.kv_budget_bytes or not self.running
 
     def admit(self) -> list[Request]:

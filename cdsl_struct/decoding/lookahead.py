@@ -31,6 +31,7 @@ from ..constraints.mask import allocate_bitmask, allowed_tokens, apply_bitmask
 from ..models.runner import ModelRunner
 from ..rewards.base import Reward, as_reward
 from .loop import (
+    MAX_FORCED,
     Proposal,
     Proposer,
     Session,
@@ -322,7 +323,7 @@ class CDSL:
         proposal = Proposal()
         room = session.max_tokens - len(session.output) - 1
         if room > 0:
-            self._forced.propose(session, proposal, min(room, 32))
+            self._forced.propose(session, proposal, min(room, MAX_FORCED))
             if not session.state.finished and room - len(proposal.tokens) > 0:
                 self.draft.propose(session, proposal, min(self.d, room - len(proposal.tokens)))
         proposal.masks.append(None)
@@ -419,7 +420,7 @@ def state_ended(state: ConstraintState, compiled: CompiledConstraint) -> bool:
         return True
     if state.is_complete():
         return _only_eos_allowed(state, compiled)
-    path = state.forced_tokens(limit=32)
+    path = state.forced_tokens(limit=MAX_FORCED)
     if not path:
         return False
     state.advance(path)

@@ -23,6 +23,9 @@ from ..models.runner import ModelRunner
 from ..result import DecodeStats, Result, parse_value
 from .sampling import SamplingParams, choose, distribution
 
+#: forced tokens proposed in one step at most (they cost no draft pass, only target positions)
+MAX_FORCED = 32
+
 
 @dataclass
 class Proposal:
@@ -137,7 +140,7 @@ def decode(
 ) -> Result:
     """Decode under ``compiled`` with the target verifying what ``proposers`` speculate.
 
-    ``k`` bounds the tokens proposed per step (forced tokens may add up to 32 more).
+    ``k`` bounds the tokens proposed per step (forced tokens may add up to ``MAX_FORCED`` more).
     ``on_tokens`` receives each step's newly committed tokens (streaming). ``strategy``
     replaces the propose-and-verify step (CDLH, CDSL); it commits tokens and returns them.
     ``cancel``: once set, decoding ends before the next step with ``finish_reason="cancelled"``.
@@ -193,7 +196,7 @@ def propose(session: Session, proposers: Sequence[Proposer], k: int, max_tokens:
     room = max_tokens - len(session.output) - 1  # one slot stays free for the target's own token
     proposal = Proposal()
     for proposer in proposers:
-        budget = min(room - len(proposal.tokens), 32 if proposer.name == "forced" else k - proposal.drafted)
+        budget = min(room - len(proposal.tokens), MAX_FORCED if proposer.name == "forced" else k - proposal.drafted)
         if budget <= 0 or session.state.finished:
             continue
         proposer.propose(session, proposal, budget)

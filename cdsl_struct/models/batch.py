@@ -29,6 +29,9 @@ from ..errors import CdslError
 from .device import model_device
 from .prefix_cache import PrefixCache
 
+#: padding columns a batch may carry beyond twice its longest row before ``compact`` drops them
+COMPACT_SLACK = 32
+
 
 @dataclass
 class Feed:
@@ -320,7 +323,7 @@ class BatchRunner:
 
     def _maybe_compact(self) -> None:
         longest = max((len(s) for s in self.slots.values()), default=0)
-        if self.physical_length > 2 * longest + 32:
+        if self.physical_length > 2 * longest + COMPACT_SLACK:
             self.compact()
 
     def compact(self) -> None:
