@@ -365,9 +365,20 @@ def test_client_that_goes_away_has_its_rows_cancelled(fake):
     generator.cancelled = None
     with httpx.Client(timeout=0.5) as http, pytest.raises(httpx.ReadTimeout):
         http.post(f"{base_url}/chat/completions", json={"messages": [{"role": "user", "content": "slow"}]})
-    deadline = time.monotonic() + 2.5  # well within the 3 s request deadline
+    wait_cancelled(generator, 2.5, "the row was not cancelled when its client went away")  # within the 3 s deadline
+
+
+def post_stream(base_url: str, content: str, timeout: float = 10) -> Any:
+    """A raw streamed chat request (its whole body read)."""
+    with httpx.Client(timeout=timeout) as http:
+        return http.post(f"{base_url}/chat/completions",
+                         json={"messages": [{"role": "user", "content": content}], "stream": True})
+
+
+def wait_cancelled(generator: FakeGenerator, within: float, why: str) -> None:
+    deadline = time.monotonic() + within
     while generator.cancelled is None:
-        assert time.monotonic() < deadline, "the row was not cancelled when its client went away"
+        assert time.monotonic() < deadline, why
         time.sleep(0.02)
     assert generator.cancelled
 
@@ -375,9 +386,7 @@ def test_client_that_goes_away_has_its_rows_cancelled(fake):
 def test_a_stream_past_its_deadline_before_any_text_is_504(fake):
     generator, base_url = fake
     generator.cancelled = None
-    with httpx.Client(timeout=10) as http:
-        response = http.post(f"{base_url}/chat/completions",
-                             json={"messages": [{"role": "user", "content": "slow"}], "stream": True})
+    response = post_stream(base_url, "slow")
     assert response.status_code == 504 and response.json()["error"]["code"] == "deadline_exceeded"
     assert generator.cancelled
 
@@ -385,9 +394,7 @@ def test_a_stream_past_its_deadline_before_any_text_is_504(fake):
 def test_a_stream_past_its_deadline_mid_text_ends_with_an_error_event(fake):
     generator, base_url = fake
     generator.cancelled = None
-    with httpx.Client(timeout=10) as http:
-        response = http.post(f"{base_url}/chat/completions",
-                             json={"messages": [{"role": "user", "content": "slow after text"}], "stream": True})
+    response = post_stream(base_url, "slow after text")
     assert response.status_code == 200
     events = [line[len("data: "):] for line in response.text.split("\n\n") if line]
     assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == "deadline_exceeded"
@@ -398,14 +405,10 @@ def test_a_stream_past_its_deadline_mid_text_ends_with_an_error_event(fake):
 def test_a_stream_whose_client_leaves_before_any_text_is_cancelled(fake):
     generator, base_url = fake
     generator.cancelled = None
-    with httpx.Client(timeout=0.5) as http, pytest.raises(httpx.ReadTimeout):
-        http.post(f"{base_url}/chat/completions", json={"messages": [{"role": "user", "content": "slow"}],
-                                                        "stream": True})
-    deadline = time.monotonic() + 2.0  # before the 3 s request deadline: the disconnect did it
-    while generator.cancelled is None:
-        assert time.monotonic() < deadline, "the stream's row was not cancelled when its client went away"
-        time.sleep(0.02)
-    assert generator.cancelled
+    with pytest.raises(httpx.ReadTimeout):
+        post_stream(base_url, "slow", timeout=0.5)
+    # before the 3 s request deadline: the disconnect did it
+    wait_cancelled(generator, 2.0, "the stream's row was not cancelled when its client went away")
 
 
 def test_reading_a_client_grammar_stops_at_the_compile_timeout(fake, monkeypatch):
