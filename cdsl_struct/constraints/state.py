@@ -102,10 +102,15 @@ class ConstraintState(ABC):
         self.finished = False
 
     def forced_tokens(self, limit: int = 64) -> list[int]:
-        """Tokens the constraint forces next (exactly one choice each), without advancing."""
+        """Tokens the constraint forces next (exactly one choice each), without advancing.
+
+        Only tokens the state accepts: llguidance forces text as it would tokenize it, and where
+        the vocabulary cannot spell a forced byte (SmolLM2 has no token for 0x04) it skips it,
+        so its list is cut at the first token ``advance`` would refuse."""
         if self.finished:
             return []
-        return self._engine_forced(limit)
+        forced = self._engine_forced(limit)
+        return forced[:self.validate(forced)] if forced else forced
 
     def is_complete(self) -> bool:
         """True when the output so far is a complete match (EOS would be accepted)."""

@@ -240,9 +240,10 @@ class GuidedDraft:
             steered = chosen[0] != int(top.indices[0]) or len(chosen) > 1
             for i, token in enumerate(chosen):
                 proposal.masks.append(mask if i == 0 else session.current_mask())
+                if not session.speculate(proposal, token, None):
+                    return
                 if steered:
-                    proposal.steered.add(len(proposal.tokens))
-                session.speculate(proposal, token, None)
+                    proposal.steered.add(len(proposal.tokens) - 1)
                 if session.state.finished:
                     return
             if not steered and math.exp(float(logp[chosen[0]])) < self.stop_below:

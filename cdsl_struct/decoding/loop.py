@@ -9,6 +9,7 @@ tail and commits one target-chosen token. With no proposer this is plain target 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -19,9 +20,12 @@ import torch
 
 from ..constraints import CompiledConstraint, ConstraintState
 from ..constraints.mask import allocate_bitmask, apply_bitmask
+from ..errors import InvalidToken
 from ..models.runner import ModelRunner
 from ..result import DecodeStats, Result, parse_value
 from .sampling import SamplingParams, choose, distribution
+
+_log = logging.getLogger(__name__)
 
 #: forced tokens proposed in one step at most (they cost no draft pass, only target positions)
 MAX_FORCED = 32
@@ -92,11 +96,18 @@ class Session:
         self.state.fill_mask(row)
         return row
 
-    def speculate(self, proposal: Proposal, token: int, probs: torch.Tensor | None) -> None:
-        """Advance the shared state by a proposed token (its mask is already recorded)."""
-        self.state.advance(token)
+    def speculate(self, proposal: Proposal, token: int, probs: torch.Tensor | None) -> bool:
+        """Advance the shared state by a proposed token (its mask is already recorded). ``False``
+        when the state refuses it although its mask allowed it (an engine's mask and matcher
+        disagreeing): its mask is dropped, nothing else changes, and the proposer stops there."""
+        try:
+            self.state.advance(token)
+        except InvalidToken:
+            proposal.masks.pop()
+            return False
         proposal.tokens.append(token)
         proposal.draft_probs.append(probs)
+        return True
 
 
 def draft_pass(session: Session, runner: ModelRunner, tokens: Sequence[int]) -> torch.Tensor:
@@ -118,7 +129,8 @@ def forced_proposer() -> Proposer:
         def propose(self, session: Session, proposal: Proposal, budget: int) -> None:
             for token in session.state.forced_tokens(limit=budget):
                 proposal.masks.append(None)
-                session.speculate(proposal, token, None)
+                if not session.speculate(proposal, token, None):
+                    return
                 proposal.forced += 1
                 session.stats.forced += 1
 
@@ -249,9 +261,14 @@ def commit(session: Session, proposal: Proposal, masked: torch.Tensor, choices: 
     session.state.rollback(len(proposal.tokens) - accepted)
     committed = proposal.tokens[:accepted]
     if extra is not None:
-        session.state.advance(extra)
-        committed.append(extra)
-    elif not committed:
+        try:
+            session.state.advance(extra)
+            committed.append(extra)
+        except InvalidToken as exc:
+            # The engine's mask allowed a token its matcher then refuses (llguidance does where
+            # the vocabulary cannot spell a byte the constraint requires): nothing can follow.
+            _log.warning("mask and matcher disagree, ending the row as a dead end: %s", exc)
+    if not committed:
         return []
     session.output.extend(committed)
     return committed

@@ -43,8 +43,7 @@ class DraftModelProposer:
             else:
                 probs = distribution(draft_logits, session.params)
                 token = int(torch.multinomial(probs, 1, generator=session.generator))
-            session.speculate(proposal, token, probs)
-            if session.state.finished:
+            if not session.speculate(proposal, token, probs) or session.state.finished:
                 return
 
 
@@ -72,8 +71,7 @@ class PromptLookupProposer:
         span = span[: session.state.validate(span)]
         for token in span:
             proposal.masks.append(None)
-            session.speculate(proposal, token, None)
-            if session.state.finished:
+            if not session.speculate(proposal, token, None) or session.state.finished:
                 return
 
     def lookup(self, context: Sequence[int], budget: int) -> list[int]:

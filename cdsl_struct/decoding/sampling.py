@@ -12,11 +12,17 @@ import torch
 from ..constraints.mask import apply_bitmask
 
 
+#: temperatures below this are greedy: dividing logits by less overflows them to inf (and the
+#: distribution to nan), and the sample is the argmax in all but name (vLLM draws the line here too)
+MIN_TEMPERATURE = 1e-5
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """``temperature == 0`` means greedy. ``top_p`` keeps the smallest nucleus of that mass.
-    ``seed``: any integer (OpenAI does not bound it); it is taken modulo 2**64, the range of
-    torch's generators, so every seed gives its own reproducible stream."""
+    """``temperature`` below ``MIN_TEMPERATURE`` (0 included) means greedy. ``top_p`` keeps the
+    smallest nucleus of that mass (always at least the most likely token). ``seed``: any integer
+    (OpenAI does not bound it); it is taken modulo 2**64, the range of torch's generators, so
+    every seed gives its own reproducible stream."""
 
     temperature: float = 0.0
     top_p: float = 1.0
@@ -32,7 +38,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < MIN_TEMPERATURE
 
     def generator(self, device: Any = "cpu") -> torch.Generator:
         """A generator of this request's own on ``device``: seeded by ``seed``, else from the OS's
@@ -52,8 +58,9 @@ def distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     probs = torch.softmax(logits / params.temperature, dim=-1)
     if params.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, descending=True)
-        before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-        sorted_probs[before >= params.top_p] = 0.0
+        outside = torch.cumsum(sorted_probs, dim=-1) - sorted_probs >= params.top_p
+        outside[..., 0] = False  # a top_p below float32's smallest number would drop even the first
+        sorted_probs[outside] = 0.0
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
         probs /= probs.sum()
     return probs

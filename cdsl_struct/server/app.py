@@ -97,7 +97,7 @@ class _Service:
             return await asyncio.wait_for(reading, timeout)
         except asyncio.TimeoutError:
             raise from_exception(CompileTimeout(f"reading the request's constraint took longer than {timeout} s"),
-                                 param=None) from None
+                                 param=body.constraint_field()) from None
 
     async def _watch(self, cancel: threading.Event, http: Request, deadline: float, *,
                      disconnects: bool = True) -> None:
