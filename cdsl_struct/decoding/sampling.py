@@ -11,7 +11,6 @@ import torch
 
 from ..constraints.mask import apply_bitmask
 
-
 #: temperatures below this are greedy: dividing logits by less overflows them to inf (and the
 #: distribution to nan), and the sample is the argmax in all but name (vLLM draws the line here too)
 MIN_TEMPERATURE = 1e-5
