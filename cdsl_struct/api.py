@@ -290,6 +290,8 @@ class Generator:
 
     def _encode(self, prompt: Any, chat: bool, system: str | None, max_tokens: int) -> list[int]:
         ids = prompt_ids(self.tokenizer, prompt, chat=chat, system=system)
+        if not ids:  # checked for every prompt before any decodes, whatever the method
+            raise ValueError("a request needs at least one prompt token; this prompt encodes to none")
         if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
             raise PromptTooLong(f"the prompt has {len(ids)} tokens; the limit is {self.max_prompt_tokens}")
         context = getattr(self.loaded.model.config, "max_position_embeddings", None)

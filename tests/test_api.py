@@ -229,6 +229,9 @@ def test_errors_are_raised_before_streaming_and_for_bad_prompts(gen):
         gen.generate([{"content": "no role"}])
     with pytest.raises(ValueError, match="context"):
         gen.generate("hi", max_tokens=100_000)
+    for kwargs in ({}, {"keywords": ["dog"]}):  # keyword requests too, before anything decodes
+        with pytest.raises(ValueError, match="at least one prompt token"):
+            gen.generate(["a", ""], chat=False, max_tokens=2, **kwargs)
 
 
 def test_compile_timeout_is_typed(smollm2):

@@ -219,6 +219,40 @@ def check_json_schema(schema: Any) -> None:
     except jsonschema.SchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
         raise InvalidSchema(f"invalid JSON Schema at {where}: {exc.message}") from None
+    _check_root_ref_chain(schema)
+
+
+_ANNOTATIONS = {"$ref", "$defs", "definitions", "$schema", "$id", "$comment", "title", "description", "examples",
+                "default", "deprecated", "readOnly", "writeOnly"}
+
+
+def _check_root_ref_chain(schema: dict) -> None:
+    """``UnsatisfiableSchema`` when the root is only a ``$ref`` whose chain of bare references
+    comes back to itself (``{"$ref": "#"}``): no value satisfies it (a validator recurses forever)."""
+    node, seen = schema, []
+    while isinstance(node, dict) and isinstance(node.get("$ref"), str) and set(node) <= _ANNOTATIONS:
+        ref = node["$ref"]
+        if ref in seen:
+            raise UnsatisfiableSchema(f"the schema is only a cycle of references ({' -> '.join([*seen, ref])}); "
+                                      "no value satisfies it")
+        seen.append(ref)
+        node = _local_target(schema, ref)
+
+
+def _local_target(schema: dict, ref: str) -> Any:
+    """The subschema a local ``#/...`` reference points to (``None`` if not local or not found)."""
+    if not ref.startswith("#"):
+        return None
+    node: Any = schema
+    for part in filter(None, ref[1:].split("/")):
+        key = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and key in node:
+            node = node[key]
+        elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
+            node = node[int(key)]
+        else:
+            return None
+    return node
 
 
 # --- Regex -------------------------------------------------------------------------------------

@@ -123,3 +123,21 @@ def test_a_rule_lark_would_expand_exponentially_is_refused_before_lark_builds_it
 def test_a_rule_with_a_few_optional_items_still_loads():
     grammar = Grammar.from_text('start: x\nx: ' + " ".join(['"a"?'] * 8) + "\n")
     assert grammar.parse("aaa")
+
+
+CYCLE = {f"d{i}": {"$ref": f"#/$defs/d{(i + 1) % 200}"} for i in range(200)}
+
+
+@pytest.mark.parametrize("schema", [{"$defs": CYCLE, "$ref": "#/$defs/d0"},
+                                    {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}, {"$ref": "#"}])
+def test_a_schema_that_is_only_a_cycle_of_references_is_unsatisfiable(schema):
+    from cdsl_struct import UnsatisfiableSchema
+
+    with pytest.raises(UnsatisfiableSchema, match="cycle of references"):
+        JsonSchema(schema)
+
+
+def test_a_recursive_schema_that_builds_structure_is_fine():
+    node = {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/t"}}}}
+    tree = {"$defs": {"t": node}, "$ref": "#/$defs/t"}
+    JsonSchema(tree)
