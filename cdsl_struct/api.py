@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from .decoding.engine import BatchEngine, Request
 from .decoding.lookahead import CDLH, CDSL
 from .decoding.penalties import Penalties
 from .decoding.stops import StopHoldback
-from .errors import PromptTooLong
+from .errors import CdslError, InvalidArgument, PromptTooLong
 from .models.batch import BatchRunner
 from .models.loading import LoadedModel, load_model
 from .models.runner import ModelRunner, self_draft
@@ -249,16 +250,21 @@ class Generator:
                  logprobs: int | None) -> _Request:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
-        params = SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
-        steer = _reward(keywords, reward)
-        chosen = self.choose_method(method, steer is not None)
-        stops = _stop_strings(stop)
+        with _argument("temperature"):
+            params = SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
+        with _argument("keywords" if keywords is not None else "reward"):
+            steer = _reward(keywords, reward)
+        with _argument("method"):
+            chosen = self.choose_method(method, steer is not None)
+        with _argument("stop"):
+            stops = _stop_strings(stop)
         if chosen in ("cdlh", "cdsl"):
             if not params.greedy:
                 raise ValueError(f"method {chosen!r} decodes greedily; use temperature=0")
             if stops or penalties.active or logprobs is not None:
                 raise ValueError(f"method {chosen!r} does not take stop, penalties or logprobs")
-        calls = tool_request(tools, tool_choice, parallel_tool_calls)
+        with _argument("tools", "tool_choice"):
+            calls = tool_request(tools, tool_choice, parallel_tool_calls)
         spec = _answer_spec(schema=schema, regex=regex, choices=choices, grammar=grammar)
         system = None
         if calls is not None:
@@ -289,9 +295,12 @@ class Generator:
                        timeout=self.compile_timeout)
 
     def _encode(self, prompt: Any, chat: bool, system: str | None, max_tokens: int) -> list[int]:
-        ids = prompt_ids(self.tokenizer, prompt, chat=chat, system=system)
+        param = "prompt" if isinstance(prompt, str) else "messages"
+        with _argument(param):
+            ids = prompt_ids(self.tokenizer, prompt, chat=chat, system=system)
         if not ids:  # checked for every prompt before any decodes, whatever the method
-            raise ValueError("a request needs at least one prompt token; this prompt encodes to none")
+            raise InvalidArgument("a request needs at least one prompt token; this prompt encodes to none",
+                                  param=param)
         if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
             raise PromptTooLong(f"the prompt has {len(ids)} tokens; the limit is {self.max_prompt_tokens}")
         context = getattr(self.loaded.model.config, "max_position_embeddings", None)
@@ -425,8 +434,8 @@ def _stop_strings(stop: Any) -> tuple[str, ...]:
 def _reward(keywords: Any, reward: Any) -> Reward | None:
     rewards: list[Reward] = []
     if keywords is not None:
-        if isinstance(keywords, (str, bytes)) or not all(isinstance(w, str) for w in keywords):
-            raise ValueError("keywords must be a list of words")
+        if isinstance(keywords, (str, bytes)) or not all(isinstance(w, str) for w in keywords) or not keywords:
+            raise ValueError("keywords must be a non-empty list of words")
         rewards.append(KeywordCoverage(keywords, max_repeats=KEYWORD_MAX_REPEATS))
     if reward is not None:
         if not callable(reward):
@@ -455,6 +464,19 @@ def _added(a: DecodeStats, b: DecodeStats) -> DecodeStats:
 
 
 _generators: dict[tuple, Generator] = {}
+@contextmanager
+def _argument(param: str, named_first: str | None = None) -> Iterator[None]:
+    """Re-raise a plain ``ValueError`` from the block as ``InvalidArgument`` naming ``param`` (or
+    ``named_first`` when the message starts with that name)."""
+    try:
+        yield
+    except (InvalidArgument, CdslError):
+        raise
+    except ValueError as exc:
+        name = named_first if named_first and str(exc).startswith(named_first) else param
+        raise InvalidArgument(str(exc), param=name) from exc
+
+
 def _acquire_unless_cancelled(lock: threading.Lock, cancel: threading.Event | None, poll: float = 0.05) -> bool:
     """Take ``lock``, waiting; ``False`` (lock not taken) once ``cancel`` is set while waiting."""
     while not lock.acquire(timeout=poll):

@@ -73,5 +73,14 @@ class OutputInvalid(CdslError):
     """A finished output that does not satisfy its constraint (an engine fault): never returned as valid."""
 
 
+class InvalidArgument(ValueError):
+    """A bad argument, with ``param``: the name of the one at fault (``generate``'s, which the
+    server's request fields share), so that a 400 can name it."""
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 class PromptTooLong(CdslError, ValueError):
     """A prompt over the model's context (with ``max_tokens``) or the configured prompt limit."""

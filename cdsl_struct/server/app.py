@@ -271,7 +271,7 @@ def create_app(generator: Any, config: ServerConfig | None = None, **options: An
     app = FastAPI(title="cdsl_struct", description="OpenAI-compatible structured generation", lifespan=lifespan)
     app.state.service = service
     install_handlers(app)
-    app.add_middleware(BodySizeLimit, max_bytes=config.max_request_bytes)
+    app.add_middleware(BodySizeLimit, max_bytes=config.max_request_bytes, timeout=config.request_timeout)
     if config.api_key:
         app.add_middleware(ApiKeyAuth, api_key=config.api_key)
     app.add_middleware(StatusCounter, metrics=service.metrics)

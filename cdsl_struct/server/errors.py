@@ -94,7 +94,7 @@ def from_exception(exc: BaseException, *, param: str | None = None) -> APIError:
     if isinstance(exc, CompileError):
         return APIError(400, str(exc), param=param, code=_snake(type(exc).__name__))
     if isinstance(exc, ValueError):
-        return APIError(400, str(exc) or type(exc).__name__, code="invalid_value")
+        return APIError(400, str(exc) or type(exc).__name__, param=getattr(exc, "param", None), code="invalid_value")
     if _is_template_error(exc):
         return APIError(400, f"The chat template refused the messages: {exc}", param="messages",
                         code="invalid_messages")
@@ -147,6 +147,8 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and "parsing the body" in str(exc.detail):  # not UTF-8: as any bad JSON
+            return APIError(422, "The request body is not valid JSON (nor UTF-8 text).", code="invalid_json").response()
         code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code)
         return APIError(exc.status_code, str(exc.detail), code=code).response()
 
