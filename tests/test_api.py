@@ -234,6 +234,19 @@ def test_errors_are_raised_before_streaming_and_for_bad_prompts(gen):
             gen.generate(["a", ""], chat=False, max_tokens=2, **kwargs)
 
 
+@pytest.mark.parametrize(("kwargs", "param"), [
+    (dict(prompt=[{"role": "wizard", "content": "hi"}]), "messages"), (dict(keywords=[]), "keywords"),
+    (dict(tools=[{"type": "function", "function": {"name": "bad name!"}}]), "tools"),
+    (dict(tool_choice="required"), "tool_choice"), (dict(method="magic"), "method"),
+    (dict(prompt="", chat=False), "prompt"), (dict(stop=[""]), "stop")])
+def test_a_bad_argument_names_itself(gen, kwargs, param):
+    """The server turns ``InvalidArgument.param`` into the 400's ``param``."""
+    prompt = kwargs.pop("prompt", "hi")
+    with pytest.raises(cs.InvalidArgument) as info:
+        gen.generate(prompt, max_tokens=2, **kwargs)
+    assert info.value.param == param
+
+
 def test_compile_timeout_is_typed(smollm2):
     slow = Generator(smollm2, draft=None, compile_timeout=1e-6)
     with pytest.raises(cs.CompileTimeout):

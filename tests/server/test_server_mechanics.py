@@ -4,6 +4,7 @@ error mapping, stream framing, and the queue limit, each deterministic and fast.
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -467,3 +468,37 @@ def test_shutdown_cancels_what_outlives_the_grace_period():
         assert generator.cancelled
         with pytest.raises(Exception):  # noqa: B017 - the client sees its connection end, whichever way
             pending.result(30)
+
+
+def _raw_post(base_url: str, declared: int, sent: bytes) -> socket.socket:
+    port = int(base_url.rsplit(":", 1)[1].split("/", 1)[0])
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Content-Length: {declared}\r\n\r\n".encode() + sent)
+    return sock
+
+
+def test_a_client_stalled_mid_body_gets_408_at_the_deadline(fake):
+    sock = _raw_post(fake[1], 100, b'{"prompt": "')
+    try:
+        answer = sock.recv(4096)  # the fake server's deadline is 3 s; the socket waits up to 10
+    finally:
+        sock.close()
+    assert answer.startswith(b"HTTP/1.1 408") and b"request_timeout" in answer
+
+
+def test_a_body_declared_over_the_limit_is_answered_without_waiting_for_it(fake):
+    sock = _raw_post(fake[1], 10_000_000, b"{")
+    started = time.monotonic()
+    try:
+        answer = sock.recv(4096)
+    finally:
+        sock.close()
+    assert answer.startswith(b"HTTP/1.1 413") and time.monotonic() - started < 5.0
+
+
+def test_a_body_that_is_not_utf8_is_invalid_json(fake):
+    with httpx.Client(timeout=10) as http:
+        response = http.post(f"{fake[1]}/chat/completions", content=b"\xff\xfe{",
+                             headers={"content-type": "application/json"})
+    assert response.status_code == 422 and response.json()["error"]["code"] == "invalid_json"
