@@ -348,6 +348,10 @@ def _read_grammar(source: Any) -> tuple[str, str]:
 
 
 MAX_RULE_ALTERNATIVES = 4096
+MAX_TERMINAL_DEPTH = 64
+"""Terminals defined through other terminals, nested: lark resolves such chains in time that grows
+faster than quadratically (100 deep: 0.3 s; 300: 5 s; 3,000: tens of seconds, before any check of
+ours could run), so deeper chains are refused from the text alone."""
 
 
 def check_lark_grammar(text: str, origin: str = "<grammar text>") -> None:
@@ -355,6 +359,7 @@ def check_lark_grammar(text: str, origin: str = "<grammar text>") -> None:
     (``UnsupportedFeature`` for one nested deeper than ``MAX_NESTING``, or with a rule that lark
     would expand into more than ``MAX_RULE_ALTERNATIVES`` alternatives)."""
     check_nesting(text, f"{origin}")
+    _check_terminal_depth(text, origin)
     try:
         _check_rule_expansion(text, origin)
         lark.Lark(text, start="start", parser="earley")
@@ -388,6 +393,43 @@ def _check_rule_expansion(text: str, origin: str) -> None:
                 f"{origin}: rule {str(name)!r} expands into more than {MAX_RULE_ALTERNATIVES} alternatives (each "
                 "optional item or inline group doubles them or more); split it into smaller rules",
                 feature="grammar size")
+
+
+_DEFINITION_START = re.compile(r"^[ \t]*[?!]?([A-Za-z_][A-Za-z_0-9]*)(?:\{[^}]*\})?(?:\.-?\d+)?[ \t]*:",
+                               re.MULTILINE)
+_LITERAL = re.compile(r'"(?:[^"\\\n]|\\.)*"i?|/(?:[^/\\\n]|\\.)+/[imslux]*')
+_TERMINAL_NAME = re.compile(r"\b_?[A-Z][A-Z_0-9]*\b")
+
+
+def _check_terminal_depth(text: str, origin: str) -> None:
+    """Refuse terminals nested through each other deeper than ``MAX_TERMINAL_DEPTH``, read from the
+    text (lark itself would spend minutes on such a grammar before answering)."""
+    starts = list(_DEFINITION_START.finditer(text))
+    uses: dict[str, set[str]] = {}
+    for start, following in zip(starts, [*starts[1:], None], strict=True):
+        name = start.group(1)
+        if name.lstrip("_")[:1].isupper():
+            body = _LITERAL.sub(" ", text[start.end():following.start() if following else len(text)])
+            uses[name] = set(_TERMINAL_NAME.findall(body))
+    depth: dict[str, int] = {}
+    for root in uses:
+        if root in depth:
+            continue
+        depth[root] = 0  # 0 while on the path: a cycle counts once (lark reports cycles itself)
+        stack = [(root, iter(uses[root]))]
+        while stack:
+            name, children = stack[-1]
+            child = next((c for c in children if c in uses and c not in depth), None)
+            if child is not None:
+                depth[child] = 0
+                stack.append((child, iter(uses[child])))
+                continue
+            stack.pop()
+            depth[name] = 1 + max((depth[c] for c in uses[name] if c in uses), default=0)
+            if depth[name] > MAX_TERMINAL_DEPTH:
+                raise UnsupportedFeature(
+                    f"{origin}: terminal {name!r} is defined through more than {MAX_TERMINAL_DEPTH} nested "
+                    "terminals; define it with fewer levels", feature="grammar size")
 
 
 def _alternatives(node: Any) -> int:

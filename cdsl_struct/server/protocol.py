@@ -37,8 +37,8 @@ class ServerLimits:
     """Rows one request may add to the batch (``/v1/completions`` prompts times ``n``)."""
     max_stop_chars: int = 256
     max_grammar_rules: int = 300
-    """Rules in a client's Lark grammar: lark's Earley parser takes time quadratic in them to build
-    (a 1,000-rule grammar took 4-18 s, a 3,000-rule one about 40 s, on 2 cores)."""
+    """Rules and terminals a client's Lark grammar defines: lark's Earley parser takes time quadratic
+    in them to build (a 1,000-rule grammar took 4-18 s, a 3,000-rule one about 40 s, on 2 cores)."""
 
     def check_constraint(self, param: str, value: Any) -> None:
         """400 when a client's schema, grammar or regex is too large or too deeply nested."""
@@ -48,15 +48,16 @@ class ServerLimits:
                            param=param, code="constraint_too_large")
         rules = len(_RULE_DEFINITION.findall(value)) if param == "grammar" and isinstance(value, str) else 0
         if rules > self.max_grammar_rules:
-            raise APIError(400, f"grammar defines {rules} rules; this server accepts at most {self.max_grammar_rules}.",
+            raise APIError(400, f"grammar defines {rules} rules and terminals; this server accepts at most "
+                           f"{self.max_grammar_rules}.",
                            param=param, code="constraint_too_large")
         if _depth(value) > self.max_schema_depth:
             raise APIError(400, f"{param} is nested deeper than {self.max_schema_depth} levels.", param=param,
                            code="constraint_too_deep")
 
 
-_RULE_DEFINITION = re.compile(r"^[ \t]*[?!]?[a-z_][a-z_0-9]*(?:\{[^}]*\})?(?:\.-?\d+)?[ \t]*:", re.MULTILINE)
-"""The start of a Lark rule definition (``name:``, ``?name:``, ``name.2:``, ``name{x}:``)."""
+_RULE_DEFINITION = re.compile(r"^[ \t]*[?!]?[A-Za-z_][A-Za-z_0-9]*(?:\{[^}]*\})?(?:\.-?\d+)?[ \t]*:", re.MULTILINE)
+"""The start of a Lark rule or terminal definition (``name:``, ``?name:``, ``NAME.2:``, ``name{x}:``)."""
 
 
 def _check_streamed_logprobs(asked: bool) -> None:

@@ -1,5 +1,7 @@
 """Bad specs are typed errors with messages that say what is wrong."""
 
+import time
+
 import pydantic
 import pytest
 
@@ -123,6 +125,26 @@ def test_a_rule_lark_would_expand_exponentially_is_refused_before_lark_builds_it
 def test_a_rule_with_a_few_optional_items_still_loads():
     grammar = Grammar.from_text('start: x\nx: ' + " ".join(['"a"?'] * 8) + "\n")
     assert grammar.parse("aaa")
+
+
+def chained_terminals(depth: int) -> str:
+    return "start: A0\n" + "".join(f"A{i}: A{i + 1}\n" for i in range(depth)) + f'A{depth}: "a"\n'
+
+
+def test_terminals_nested_too_deeply_are_refused_from_the_text():
+    """lark resolves terminal chains in time that grows faster than quadratically: 3,000 deep took
+    tens of seconds inside lark before any answer."""
+    started = time.monotonic()
+    with pytest.raises(UnsupportedFeature, match="nested terminals") as info:
+        Grammar.from_text(chained_terminals(3000))
+    assert info.value.feature == "grammar size" and time.monotonic() - started < 2.0
+
+
+def test_terminals_nested_within_the_limit_and_shared_ones_still_load():
+    assert Grammar.from_text(chained_terminals(50)).parse("a")
+    shared = ('start: W (" " W)*\nW: L L? /[0-9]/ "Q"\nL: LOW | UP\nLOW: "a".."z"\nUP: "A".."Z"\n'
+              '// C: comment mentioning W\n')
+    assert Grammar.from_text(shared).parse("ab1Q Z2Q")
 
 
 CYCLE = {f"d{i}": {"$ref": f"#/$defs/d{(i + 1) % 200}"} for i in range(200)}
