@@ -406,10 +406,11 @@ def _check_terminal_depth(text: str, origin: str) -> None:
     text (lark itself would spend minutes on such a grammar before answering)."""
     starts = list(_DEFINITION_START.finditer(text))
     uses: dict[str, set[str]] = {}
-    for start, following in zip(starts, [*starts[1:], None], strict=True):
+    ends = [following.start() for following in starts[1:]] + [len(text)] if starts else []
+    for start, end in zip(starts, ends, strict=True):
         name = start.group(1)
         if name.lstrip("_")[:1].isupper():
-            body = _LITERAL.sub(" ", text[start.end():following.start() if following else len(text)])
+            body = _LITERAL.sub(" ", text[start.end():end])
             uses[name] = set(_TERMINAL_NAME.findall(body))
     depth: dict[str, int] = {}
     for root in uses:

@@ -140,6 +140,12 @@ def test_terminals_nested_too_deeply_are_refused_from_the_text():
     assert info.value.feature == "grammar size" and time.monotonic() - started < 2.0
 
 
+@pytest.mark.parametrize("text", ["/etc/secret.lark", "", "start"])
+def test_text_with_no_definition_is_a_grammar_syntax_error(text):
+    with pytest.raises(GrammarSyntaxError):
+        Grammar.from_text(text)
+
+
 def test_terminals_nested_within_the_limit_and_shared_ones_still_load():
     assert Grammar.from_text(chained_terminals(50)).parse("a")
     shared = ('start: W (" " W)*\nW: L L? /[0-9]/ "Q"\nL: LOW | UP\nLOW: "a".."z"\nUP: "A".."Z"\n'
