@@ -34,7 +34,7 @@ from .constraints.closed_objects import close_objects
 from .constraints.specs import as_spec
 from .constraints.whitespace import DEFAULT_WHITESPACE
 from .decoding import DraftModelProposer, SamplingParams, build_proposers, decode
-from .decoding.engine import BatchEngine, Request
+from .decoding.engine import BatchEngine, EngineLoad, Request
 from .decoding.lookahead import CDLH, CDSL
 from .decoding.penalties import Penalties
 from .decoding.stops import StopHoldback
@@ -155,6 +155,15 @@ class Generator:
         """Stop the engine's threads (rows still running stay unfinished)."""
         self.engine.close()
 
+    @property
+    def max_batch_size(self) -> int:
+        """Rows one target forward may decode together."""
+        return self.engine.scheduler.max_batch_size
+
+    def load(self) -> EngineLoad:
+        """Rows decoding and waiting now (a snapshot)."""
+        return self.engine.load()
+
     # --- public -------------------------------------------------------------------------------
 
     def generate(self, prompt: str | Sequence[Any], *, schema: Any = None, regex: str | None = None,
@@ -164,8 +173,8 @@ class Generator:
                  method: str = "auto", max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                  seed: int | None = None, stop: str | Sequence[str] | None = None, presence_penalty: float = 0.0,
                  frequency_penalty: float = 0.0, logprobs: int | None = None, stream: bool = False,
-                 chat: bool = True,
-                 cancel: threading.Event | None = None) -> Result | list[Result] | Iterator[str | Result]:
+                 chat: bool = True, cancel: threading.Event | None = None,
+                 compile_timeout: float | None = None) -> Result | list[Result] | Iterator[str | Result]:
         """Generate an answer to ``prompt`` under at most one hard constraint.
 
         ``prompt``: a string (one user message in the chat template; ``chat=False`` encodes it
@@ -196,7 +205,8 @@ class Generator:
         accepts the text before them (``decoding.stops``); ``presence_penalty`` /
         ``frequency_penalty`` as OpenAI's; ``logprobs``: record each token's log-probability and
         that many alternatives (``decoding.logprobs``). ``cancel``: an event that, once set, ends
-        the rows with ``finish_reason="cancelled"`` within a step.
+        the rows with ``finish_reason="cancelled"`` within a step. ``compile_timeout``: seconds this
+        call's constraint may take to compile (default: the Generator's).
 
         ``value`` is None and ``complete`` False unless the output ended complete (at EOS, or at a
         stop string, in a complete state: ``finish_reason == "stop"``). ``stream=True`` returns an
@@ -210,7 +220,8 @@ class Generator:
                                 reward=reward, tools=tools, tool_choice=tool_choice,
                                 parallel_tool_calls=parallel_tool_calls, method=method, max_tokens=max_tokens,
                                 temperature=temperature, top_p=top_p, seed=seed, stop=stop,
-                                penalties=Penalties(presence_penalty, frequency_penalty), logprobs=logprobs)
+                                penalties=Penalties(presence_penalty, frequency_penalty), logprobs=logprobs,
+                                compile_timeout=compile_timeout)
         prompts, batch = _split_batch(prompt)
         encoded = [self._encode(p, chat, request.system, max_tokens) for p in prompts]
         if stream:
@@ -247,7 +258,7 @@ class Generator:
     def _resolve(self, *, schema: Any, regex: Any, choices: Any, grammar: Any, keywords: Any, reward: Any,
                  tools: Any, tool_choice: Any, parallel_tool_calls: bool, method: str, max_tokens: int,
                  temperature: float, top_p: float, seed: int | None, stop: Any, penalties: Penalties,
-                 logprobs: int | None) -> _Request:
+                 logprobs: int | None, compile_timeout: float | None = None) -> _Request:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
         with _argument("temperature"):
@@ -276,9 +287,10 @@ class Generator:
             if not self.extra_properties:
                 calls = _closed_tools(calls)
                 answer_format = close_objects(answer_format) if answer_format is not None else None
-            compiled = self.compile(ToolCallsGrammar(calls, answer_format=answer_format, whitespace=self.whitespace))
+            compiled = self.compile(ToolCallsGrammar(calls, answer_format=answer_format, whitespace=self.whitespace),
+                                    compile_timeout)
         else:
-            compiled = self.compile(self._closed(spec) if spec is not None else Regex(FREE_TEXT))
+            compiled = self.compile(self._closed(spec) if spec is not None else Regex(FREE_TEXT), compile_timeout)
         return _Request(compiled, chosen, params, max_tokens, steer, calls, system, stops,
                         penalties if penalties.active else None, logprobs, spec if calls is not None else None)
 
@@ -289,10 +301,11 @@ class Generator:
         closed = close_objects(spec.schema)
         return spec if closed == spec.schema else JsonSchema(closed, model=spec.model)
 
-    def compile(self, spec: ConstraintSpec) -> CompiledConstraint:
-        """``spec`` compiled for this model's tokenizer (cached by ``cdsl_struct.compile``)."""
+    def compile(self, spec: ConstraintSpec, timeout: float | None = None) -> CompiledConstraint:
+        """``spec`` compiled for this model's tokenizer (cached by ``cdsl_struct.compile``) within
+        ``timeout`` seconds (default: the Generator's ``compile_timeout``)."""
         return compile(spec, self.vocabulary, backend=self.backend, whitespace=self.whitespace,
-                       timeout=self.compile_timeout)
+                       timeout=self.compile_timeout if timeout is None else timeout)
 
     def _encode(self, prompt: Any, chat: bool, system: str | None, max_tokens: int) -> list[int]:
         param = "prompt" if isinstance(prompt, str) else "messages"

@@ -184,6 +184,17 @@ class EngineStats:
                 "mask_hidden_share": round(self.mask_hidden_share, 4)}
 
 
+@dataclass(frozen=True)
+class EngineLoad:
+    """What the engine is doing now: rows decoding and waiting, and its bounds."""
+
+    running_rows: int
+    waiting_rows: int
+    max_batch_size: int
+    mean_rows_per_step: float
+    """Rows per target forward since the engine started."""
+
+
 class BatchEngine:
     """Decode many requests together; ``submit`` from any thread, ``run`` to drive to completion.
 
@@ -234,6 +245,13 @@ class BatchEngine:
     @property
     def busy(self) -> bool:
         return bool(self.scheduler.waiting or self.scheduler.running)
+
+    def load(self) -> EngineLoad:
+        """A snapshot of the rows running and waiting (what metrics and admission read)."""
+        with self._lock:
+            running, waiting = len(self.scheduler.running), len(self.scheduler.waiting)
+        return EngineLoad(running, waiting, self.scheduler.max_batch_size,
+                          self.stats.rows_stepped / max(1, self.stats.steps))
 
     # --- background loop ----------------------------------------------------------------------
 

@@ -51,6 +51,8 @@ class ServerConfig:
     may ask (``ServerLimits``). ``request_timeout``: seconds a request may take before its rows
     are cancelled and it is answered 504. ``api_key``: required as a bearer token on ``/v1``
     when set. ``shutdown_grace``: seconds running requests get to finish on shutdown.
+    ``compile_timeout``: seconds a request's constraint may take to read and compile (past it:
+    400 ``compile_timeout``); None: the Generator's own.
     """
 
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
@@ -60,6 +62,7 @@ class ServerConfig:
     request_timeout: float = 600.0
     api_key: str | None = None
     shutdown_grace: float = 30.0
+    compile_timeout: float | None = None
 
 
 class _Service:
@@ -68,10 +71,10 @@ class _Service:
     def __init__(self, generator: Any, config: ServerConfig) -> None:
         self.generator = generator
         self.config = config
-        engine = getattr(generator, "engine", None)
-        self.worker = GenerationWorker(config.queue_limit,
-                                       engine.scheduler.max_batch_size if engine is not None else 1)
-        self.metrics = Metrics(self.worker, engine)
+        self.worker = GenerationWorker(config.queue_limit, getattr(generator, "max_batch_size", 1))
+        self.metrics = Metrics(self.worker, getattr(generator, "load", None))
+        self.compile_timeout = config.compile_timeout if config.compile_timeout is not None \
+            else getattr(generator, "compile_timeout", None)
         self.model = str(generator.model_name)
         self.created = int(time.time())
         self.cancels: set[threading.Event] = set()
@@ -85,13 +88,14 @@ class _Service:
         return {"id": self.model, "object": "model", "created": self.created, "owned_by": "cdsl_struct"}
 
     def _generate(self, call: GenerateCall, cancel: threading.Event, **extra: Any) -> Any:
-        return self.generator.generate(call.prompt, cancel=cancel, **call.kwargs, **extra)
+        return self.generator.generate(call.prompt, cancel=cancel, compile_timeout=self.compile_timeout,
+                                       **call.kwargs, **extra)
 
     async def read(self, body: ChatCompletionRequest | CompletionRequest) -> GenerateCall:
         """The request's ``GenerateCall``, read off the event loop (a client's grammar builds a
         lark parser) within the compile timeout: past it the client gets 400 ``compile_timeout``
         at once (the reading thread, bounded by the grammar limits, ends by itself)."""
-        timeout = getattr(self.generator, "compile_timeout", None)
+        timeout = self.compile_timeout
         reading = asyncio.to_thread(body.to_call, self.config.default_max_tokens, self.config.limits)
         try:
             return await asyncio.wait_for(reading, timeout)
@@ -254,12 +258,8 @@ class _Service:
 def create_app(generator: Any, config: ServerConfig | None = None, **options: Any) -> FastAPI:
     """An OpenAI-compatible app serving ``generator`` (a ``cdsl_struct.api.Generator``).
 
-    ``config`` (or its fields as keyword arguments): see ``ServerConfig``. ``compile_timeout``
-    (keyword): seconds a constraint may take to compile; over it the request gets 400.
+    ``config`` (or its fields as keyword arguments): see ``ServerConfig``.
     """
-    compile_timeout = options.pop("compile_timeout", None)
-    if compile_timeout is not None:
-        generator.compile_timeout = compile_timeout
     config = config or ServerConfig(**options)
     service = _Service(generator, config)
 

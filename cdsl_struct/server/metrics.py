@@ -8,6 +8,7 @@ requests admitted and waiting and the engine's running and waiting rows.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -22,7 +23,8 @@ class Metrics:
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, worker: Any, engine: Any) -> None:
+    def __init__(self, worker: Any, load: Callable[[], Any] | None) -> None:
+        """``load``: the engine's ``EngineLoad`` now (``Generator.load``), for the batch gauges."""
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("cdsl_requests", "HTTP requests answered, by route and status", ["route", "status"],
@@ -43,14 +45,13 @@ class Metrics:
             lambda: worker.active)
         Gauge("cdsl_requests_queued", "Admitted requests waiting for a worker", registry=r).set_function(
             lambda: max(0, worker.active - worker.concurrency))
-        if engine is not None:
-            scheduler = engine.scheduler
+        if load is not None:
             Gauge("cdsl_batch_rows", "Rows in the engine's running batch", registry=r).set_function(
-                lambda: len(scheduler.running))
+                lambda: load().running_rows)
             Gauge("cdsl_engine_queue_depth", "Rows waiting to join the batch", registry=r).set_function(
-                lambda: len(scheduler.waiting))
+                lambda: load().waiting_rows)
             Gauge("cdsl_engine_mean_rows_per_step", "Mean rows per target forward since start",
-                  registry=r).set_function(lambda: engine.stats.rows_stepped / max(1, engine.stats.steps))
+                  registry=r).set_function(lambda: load().mean_rows_per_step)
 
     def observe(self, results: list[Any], started: float, first_token_at: float | None = None) -> None:
         """Count finished generations (their tokens, mask time, draft acceptance) and their latency."""

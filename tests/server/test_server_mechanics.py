@@ -74,7 +74,8 @@ class FakeGenerator:
             result = Result(text=raw, tokens=[1, 2, 3], finish_reason="stop", complete=True, tool_calls=calls,
                             content=None)
         else:
-            body = json.dumps({"prompt": text, **{k: v for k, v in kwargs.items() if k != "tools"}})
+            asked = {k: v for k, v in kwargs.items() if k not in ("tools", "compile_timeout")}
+            body = json.dumps({"prompt": text, **asked})
             result = Result(text=body, tokens=list(range(5)), finish_reason="stop", complete=True, value=None)
             result.tool_calls = []
         result.prompt_tokens = len(text.split()) + 2
@@ -412,19 +413,28 @@ def test_a_stream_whose_client_leaves_before_any_text_is_cancelled(fake):
     wait_cancelled(generator, 2.0, "the stream's row was not cancelled when its client went away")
 
 
-def test_reading_a_client_grammar_stops_at_the_compile_timeout(fake, monkeypatch):
+def test_reading_a_client_grammar_stops_at_the_compile_timeout(monkeypatch):
     import cdsl_struct.constraints.specs as specs
+    from cdsl_struct.server import create_app
 
     def slow_check(text, origin="<grammar text>"):
         time.sleep(3.0)
 
     monkeypatch.setattr(specs, "check_lark_grammar", slow_check)
-    monkeypatch.setattr(fake[0], "compile_timeout", 0.5, raising=False)
-    started = time.monotonic()
-    with pytest.raises(openai.BadRequestError) as caught:
-        chat(client_for(fake[1]), "x", extra_body={"grammar": 'start: "slow-read"'})
-    assert caught.value.body["code"] == "compile_timeout"
-    assert time.monotonic() - started < 2.5
+    generator = FakeGenerator()
+    with running_server(create_app(generator, compile_timeout=0.5)) as base_url:
+        started = time.monotonic()
+        with pytest.raises(openai.BadRequestError) as caught:
+            chat(client_for(base_url), "x", extra_body={"grammar": 'start: "slow-read"'})
+        assert caught.value.body["code"] == "compile_timeout"
+        assert time.monotonic() - started < 2.5
+        assert not hasattr(generator, "compile_timeout")  # the server's setting, not written into the generator
+
+
+def test_generation_gets_the_servers_compile_timeout(fake):
+    generator, base_url = fake
+    chat(client_for(base_url), "hello")
+    assert generator.calls[-1][1]["compile_timeout"] is None  # none configured: the Generator's own applies
 
 
 def test_grammar_from_a_client_is_text_never_a_file(fake, tmp_path):
