@@ -76,6 +76,19 @@ def main(argv: list[str] | None = None) -> int:
     served.add_argument("--label", default="", help="name of the server in the table")
     served.add_argument("--json", dest="json_out", help="write rows and summary here")
 
+    soak = bench.add_parser("soak", help="many clients for many minutes mixing well-formed, hostile and "
+                                         "disconnecting requests: exactly-once answers, no 5xx, flat memory")
+    soak.add_argument("--minutes", type=float, default=10.0, help="length of the load (default 10)")
+    soak.add_argument("--clients", type=int, default=32, help="concurrent clients (default 32)")
+    soak.add_argument("--url", default=None, help="soak this running server (default: start cdsl-struct serve)")
+    soak.add_argument("--pid", type=int, default=None, help="--url: the server's process, for its resource figures")
+    soak.add_argument("--model", default="smollm2", help="model of the server started here (default smollm2)")
+    soak.add_argument("--server-arg", action="append", default=[],
+                      help="an argument for the server started here (repeatable, e.g. --server-arg=--max-batch-size=8)")
+    soak.add_argument("--sample-s", type=float, default=5.0, help="seconds between resource samples (default 5)")
+    soak.add_argument("--json", dest="json_out", help="write rows, samples and summary here")
+    soak.add_argument("--no-progress", action="store_true")
+
     tools = bench.add_parser("tools", help="tool calls with client-style schemas: objects closed (default) "
                                            "vs decoded as given")
     tools.add_argument("--model", default="smollm2")
@@ -153,6 +166,13 @@ def main(argv: list[str] | None = None) -> int:
         return _json_keywords(args)
     if args.command == "bench" and args.bench == "serve":
         return _serve_bench(args)
+    if args.command == "bench" and args.bench == "soak":
+        from .bench.soak import SoakConfig, format_soak_table, run_soak
+
+        config = SoakConfig(minutes=args.minutes, clients=args.clients, url=args.url, pid=args.pid, model=args.model,
+                            server_args=tuple(args.server_arg), sample_s=args.sample_s)
+        report = run_soak(config, progress=not args.no_progress)
+        return _report(report, format_soak_table(report), args.json_out)
     if args.command == "bench" and args.bench == "tools":
         from .bench.tool_calls import ToolBenchConfig, format_tool_table, run_tool_bench
 
