@@ -329,12 +329,9 @@ class Generator:
         """Decode one prompt (token ids) for a resolved request; ``emit`` receives text deltas."""
         result = self._decode(request, prompt, emit, cancel)
         if request.tools is not None:
-            _read_calls(request.tools, request.answer_format, result)
-        if result.finish_reason != "stop":
-            result.complete, result.value = False, None
-        result.method = request.method
-        result.prompt_tokens = len(prompt)
-        return result
+            result = _read_calls(request.tools, request.answer_format, result)
+        unfinished = {"complete": False, "value": None} if result.finish_reason != "stop" else {}
+        return replace(result, method=request.method, prompt_tokens=len(prompt), **unfinished)
 
     def _decode(self, request: _Request, prompt: list[int], emit: Emit | None,
                 cancel: threading.Event | None) -> Result:
@@ -420,17 +417,19 @@ def _closed_tools(calls: ToolRequest) -> ToolRequest:
     return replace(calls, tools=tools)
 
 
-def _read_calls(tools: ToolRequest, answer: ConstraintSpec | None, result: Result) -> None:
-    """Split a tool request's output into content and calls; a complete output's value is its calls
-    (or, with no call, its answer, parsed by the answer format when there is one)."""
+def _read_calls(tools: ToolRequest, answer: ConstraintSpec | None, result: Result) -> Result:
+    """``result`` split into content and calls; a complete output's value is its calls (or, with no
+    call, its answer, parsed by the answer format when there is one)."""
+    complete = result.complete
     try:
-        output = parse_tool_output(tools, result.text, complete=result.complete)
+        output = parse_tool_output(tools, result.text, complete=complete)
     except InvalidToolCall:  # cannot happen under the constraint; never pass it on as valid
-        result.complete, result.value = False, None
+        complete = False
         output = parse_tool_output(tools, result.text, complete=False)
-    result.content, result.tool_calls = output.content, output.calls
-    if result.complete:
-        result.value = output.calls or (parse_value(answer, output.content or "") if answer else output.content)
+    value = None
+    if complete:
+        value = output.calls or (parse_value(answer, output.content or "") if answer else output.content)
+    return replace(result, content=output.content, tool_calls=output.calls, complete=complete, value=value)
 
 
 def _stop_strings(stop: Any) -> tuple[str, ...]:

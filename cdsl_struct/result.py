@@ -59,9 +59,10 @@ class DecodeStats:
         return {k: round(v, 5) if isinstance(v, float) else v for k, v in data.items()}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Result:
-    """A decoded output. ``value`` is set only when the output is complete (valid).
+    """A decoded output, built once (``dataclasses.replace`` makes a changed copy). ``value`` is set
+    only when the output is complete (valid).
 
     ``finish_reason``: ``stop`` (EOS at a complete state, or a stop string where the constraint
     accepts the text before it), ``length`` (``max_tokens`` reached),
@@ -88,7 +89,7 @@ class Result:
 
     def __post_init__(self) -> None:
         if self.content is None and not self.tool_calls:
-            self.content = self.text
+            object.__setattr__(self, "content", self.text)
 
 
 def parse_value(spec: Any, text: str) -> Any:

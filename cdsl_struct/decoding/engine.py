@@ -193,6 +193,8 @@ class EngineLoad:
     max_batch_size: int
     mean_rows_per_step: float
     """Rows per target forward since the engine started."""
+    prefix_cache_bytes: int = 0
+    """Keys and values of stored prompt prefixes (bounded by the runner's ``prefix_cache_bytes``)."""
 
 
 class BatchEngine:
@@ -250,8 +252,9 @@ class BatchEngine:
         """A snapshot of the rows running and waiting (what metrics and admission read)."""
         with self._lock:
             running, waiting = len(self.scheduler.running), len(self.scheduler.waiting)
+        prefixes = self.runner.prefixes
         return EngineLoad(running, waiting, self.scheduler.max_batch_size,
-                          self.stats.rows_stepped / max(1, self.stats.steps))
+                          self.stats.rows_stepped / max(1, self.stats.steps), prefixes.bytes if prefixes else 0)
 
     # --- background loop ----------------------------------------------------------------------
 
@@ -446,16 +449,13 @@ class BatchEngine:
         elif request.session is None:
             request.error = RequestCancelled(f"request {request.request_id} was cancelled")
         else:
+            stats = request.session.stats
+            stats.decode_seconds = time.perf_counter() - request.started_at - stats.prefill_seconds
             try:
-                result = finish(request.session, dead_end=reason == "constraint_dead_end",
-                                stopped=reason == "stop_string")
+                request.result = finish(request.session, dead_end=reason == "constraint_dead_end",
+                                        stopped=reason == "stop_string", cancelled=reason == "cancelled")
             except Exception as exc:  # noqa: BLE001 - e.g. a value that fails to parse: the row's error
                 request.error = exc
-            else:
-                if reason == "cancelled":
-                    result.finish_reason = "cancelled"
-                result.stats.decode_seconds = time.perf_counter() - request.started_at - result.stats.prefill_seconds
-                request.result = result
         request._done.set()
 
 

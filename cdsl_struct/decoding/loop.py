@@ -189,10 +189,7 @@ def decode(
     stats.target_positions = target.positions - target_before[1]
     stats.target_seconds = target.seconds - target_before[2]
     stats.decode_seconds = time.perf_counter() - started - stats.prefill_seconds
-    result = finish(session, dead_end)
-    if cancelled:
-        result.finish_reason, result.complete, result.value = "cancelled", False, None
-    return result
+    return finish(session, dead_end, cancelled=cancelled)
 
 
 def step(session: Session, proposers: Sequence[Proposer], k: int, max_tokens: int) -> list[int]:
@@ -321,17 +318,18 @@ def verify(session: Session, proposal: Proposal, masked: torch.Tensor,
     return accepted, choose(final, params, generator)
 
 
-def finish(session: Session, dead_end: bool, stopped: bool = False) -> Result:
-    """The Result of a session that stopped (timing counters are the caller's to fill).
+def finish(session: Session, dead_end: bool, stopped: bool = False, cancelled: bool = False) -> Result:
+    """The Result of a session that stopped (its timing counters filled by the caller first).
 
     Only an output that ended at EOS in a complete state, or at a stop string where the
     constraint accepts (``stopped``), is complete and gets a value: one cut by ``max_tokens`` is
-    ``length`` and incomplete even where the constraint would accept it.
+    ``length`` and incomplete even where the constraint would accept it; a ``cancelled`` one is
+    ``cancelled`` and incomplete.
     """
     state, stats = session.state, session.stats
     text = session.text_of(session.output)
-    complete = state.finished or (stopped and state.is_complete())
-    reason = "stop" if complete else ("constraint_dead_end" if dead_end else "length")
+    complete = not cancelled and (state.finished or (stopped and state.is_complete()))
+    reason = "cancelled" if cancelled else "stop" if complete else "constraint_dead_end" if dead_end else "length"
     stats.tokens = len(session.output)
     stats.mask_seconds = state.mask_seconds
     value: Any = parse_value(session.compiled.spec, text) if complete else None

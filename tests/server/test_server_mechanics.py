@@ -8,7 +8,7 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -77,8 +77,7 @@ class FakeGenerator:
             asked = {k: v for k, v in kwargs.items() if k not in ("tools", "compile_timeout")}
             body = json.dumps({"prompt": text, **asked})
             result = Result(text=body, tokens=list(range(5)), finish_reason="stop", complete=True, value=None)
-            result.tool_calls = []
-        result.prompt_tokens = len(text.split()) + 2
+        result = replace(result, prompt_tokens=len(text.split()) + 2)
         if not stream:
             return result
         pieces = [result.text[i:i + 4] for i in range(0, len(result.text), 4)]
