@@ -285,6 +285,24 @@ def _load(client: _Client, clients: int, seconds: float) -> list[dict[str, Any]]
     return rows
 
 
+CACHE_GAUGES = ("cdsl_prefix_cache_bytes", "cdsl_compile_cache_bytes", "cdsl_compile_cache_entries")
+
+
+def _caches(base_url: str) -> dict[str, float]:
+    """The server's cache gauges from ``/metrics`` (empty for a server without them)."""
+    import httpx
+
+    response = httpx.get(base_url.removesuffix("/v1") + "/metrics", timeout=30)
+    if response.status_code != 200:
+        return {}
+    values = {}
+    for line in response.text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in CACHE_GAUGES:
+            values[name] = float(value)
+    return values
+
+
 def _settle(base_url: str, within_s: float = 120.0) -> int:
     """Wait for the server to report nothing running; what it reports last."""
     import httpx
@@ -304,7 +322,7 @@ def run_soak(config: SoakConfig, progress: bool = True) -> dict[str, Any]:
         client = _Client(url)
         warm_up = [client.send(soak_request(i)) for i in range(20) if soak_request(i).group == "well_formed"]
         resources = _Resources(pid, config.sample_s)
-        before = resources.now()
+        before, caches_before = resources.now(), _caches(url)
         if progress:
             print(f"soaking {url} with {config.clients} clients for {config.minutes} min", file=sys.stderr)
         started = time.monotonic()
@@ -312,11 +330,13 @@ def run_soak(config: SoakConfig, progress: bool = True) -> dict[str, Any]:
             rows = _load(client, config.clients, config.minutes * 60)
         load_s = time.monotonic() - started
         active_after = _settle(url)
-        after = resources.now()
+        after, caches_after = resources.now(), _caches(url)
     summary = summarise(rows, resources.samples, started, load_s)
     summary.update(active_after=active_after, warm_up_ok=all(r["ok"] for r in warm_up),
                    fds=[before.get("fds"), after.get("fds")], threads=[before.get("threads"), after.get("threads")],
-                   rss_before_after_mb=[_mb(before.get("rss_mb")), _mb(after.get("rss_mb"))])
+                   rss_before_after_mb=[_mb(before.get("rss_mb")), _mb(after.get("rss_mb"))],
+                   caches_before_after={name: [caches_before.get(name), caches_after.get(name)]
+                                        for name in CACHE_GAUGES})
     return {"config": asdict(config), "summary": summary, "rows": rows, "samples": resources.samples}
 
 
@@ -387,5 +407,6 @@ def format_soak_table(report: dict[str, Any]) -> str:
               f"| RSS trend, second half | {s['rss_trend_second_half_mb_per_min']} MB/min |",
               f"| server RSS at the end of each minute | {s['rss_by_minute_mb']} MB |",
               f"| compile workers' RSS, max | {s['children_rss_max_mb']} MB |",
+              *[f"| {name} before / after | {values} |" for name, values in s["caches_before_after"].items()],
               f"| open fds before / after | {s['fds']} |", f"| threads before / after | {s['threads']} |"]
     return "\n".join(lines)

@@ -15,6 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..constraints.compiler import cache_info
+
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128)
 
 
@@ -52,6 +54,12 @@ class Metrics:
                 lambda: load().waiting_rows)
             Gauge("cdsl_engine_mean_rows_per_step", "Mean rows per target forward since start",
                   registry=r).set_function(lambda: load().mean_rows_per_step)
+            Gauge("cdsl_prefix_cache_bytes", "Keys and values of stored prompt prefixes",
+                  registry=r).set_function(lambda: load().prefix_cache_bytes)
+        Gauge("cdsl_compile_cache_bytes", "Engine programs in the compile cache (their own estimate)",
+              registry=r).set_function(lambda: cache_info()["bytes"])
+        Gauge("cdsl_compile_cache_entries", "Compiled constraints and remembered refusals in the cache",
+              registry=r).set_function(lambda: cache_info()["entries"] + cache_info()["failures"])
 
     def observe(self, results: list[Any], started: float, first_token_at: float | None = None) -> None:
         """Count finished generations (their tokens, mask time, draft acceptance) and their latency."""

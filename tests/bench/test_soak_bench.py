@@ -80,4 +80,5 @@ def test_a_short_soak_of_the_real_server(smollm2, one_torch_thread, tmp_path, ca
     assert sorted(r["index"] for r in rows) == list(range(len(rows)))  # each request sent once
     assert summary["active_after"] == 0 and len(report["samples"]) >= 5
     assert all(value is not None for value in summary["rss_start_mid_end_mb"])
+    assert all(None not in values for values in summary["caches_before_after"].values())
     generator.close()
