@@ -37,6 +37,7 @@ from .errors import (
 )
 from .integrations import outlines_types as _outlines_types  # noqa: F401 - registers its converter with as_spec
 from .models.tokenizers import NAMED_TOKENIZERS, load_tokenizer
+from .options import Method
 from .result import Result
 from .tools import ToolCall, tool_from_function
 
@@ -57,8 +58,9 @@ __all__ = [
     "InvalidArgument",
     "InvalidSchema",
     "InvalidToken",
-    "MatcherError",
     "JsonSchema",
+    "MatcherError",
+    "Method",
     "Regex",
     "Result",
     "RollbackError",

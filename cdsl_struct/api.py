@@ -42,7 +42,7 @@ from .errors import CdslError, InvalidArgument, PromptTooLong
 from .models.batch import BatchRunner
 from .models.loading import LoadedModel, load_model
 from .models.runner import ModelRunner, self_draft
-from .options import METHODS, one_constraint
+from .options import Method, one_constraint
 from .prompts import prompt_ids
 from .result import DecodeStats, Result, parse_value
 from .rewards import KeywordCoverage, Reward, WeightedMean
@@ -74,11 +74,11 @@ Emit = Callable[[str], None]
 
 
 @dataclass
-class _Request:
+class _Call:
     """One ``generate`` call, resolved: what to decode under, how, and for how long."""
 
     compiled: CompiledConstraint
-    method: str
+    method: Method
     params: SamplingParams
     max_tokens: int
     reward: Reward | None = None
@@ -170,7 +170,7 @@ class Generator:
                  choices: Sequence[str] | None = None, grammar: Any = None,
                  keywords: Sequence[str] | None = None, reward: Reward | Callable[..., float] | None = None,
                  tools: Sequence[Any] | None = None, tool_choice: Any = "auto", parallel_tool_calls: bool = True,
-                 method: str = "auto", max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
+                 method: str | Method = "auto", max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
                  seed: int | None = None, stop: str | Sequence[str] | None = None, presence_penalty: float = 0.0,
                  frequency_penalty: float = 0.0, logprobs: int | None = None, stream: bool = False,
                  chat: bool = True, cancel: threading.Event | None = None,
@@ -216,49 +216,49 @@ class Generator:
         Raises ``ValueError`` for bad parameters and the typed ``CompileError`` subclasses for a
         bad constraint, before anything is decoded (also when streaming).
         """
-        request = self._resolve(schema=schema, regex=regex, choices=choices, grammar=grammar, keywords=keywords,
-                                reward=reward, tools=tools, tool_choice=tool_choice,
-                                parallel_tool_calls=parallel_tool_calls, method=method, max_tokens=max_tokens,
-                                temperature=temperature, top_p=top_p, seed=seed, stop=stop,
-                                penalties=Penalties(presence_penalty, frequency_penalty), logprobs=logprobs,
-                                compile_timeout=compile_timeout)
+        call = self._resolve(schema=schema, regex=regex, choices=choices, grammar=grammar, keywords=keywords,
+                             reward=reward, tools=tools, tool_choice=tool_choice,
+                             parallel_tool_calls=parallel_tool_calls, method=method, max_tokens=max_tokens,
+                             temperature=temperature, top_p=top_p, seed=seed, stop=stop,
+                             penalties=Penalties(presence_penalty, frequency_penalty), logprobs=logprobs,
+                             compile_timeout=compile_timeout)
         prompts, batch = _split_batch(prompt)
-        encoded = [self._encode(p, chat, request.system, max_tokens) for p in prompts]
+        encoded = [self._encode(p, chat, call.system, max_tokens) for p in prompts]
         if stream:
             if batch:
                 raise ValueError("stream=True takes one prompt, not a list of prompts")
-            return stream_in_thread(lambda emit: self._run(request, encoded[0], emit, cancel))
+            return stream_in_thread(lambda emit: self._run(call, encoded[0], emit, cancel))
         if len(encoded) == 1:
-            return self._run(request, encoded[0], None, cancel) if not batch \
-                else [self._run(request, encoded[0], None, cancel)]
-        rows = [request if seed is None else replace(request, params=replace(request.params, seed=seed + i))
+            return self._run(call, encoded[0], None, cancel) if not batch \
+                else [self._run(call, encoded[0], None, cancel)]
+        rows = [call if seed is None else replace(call, params=replace(call.params, seed=seed + i))
                 for i in range(len(encoded))]
         with ThreadPoolExecutor(min(len(encoded), 64), thread_name_prefix="cdsl-row") as pool:
             return list(pool.map(lambda pair: self._run(pair[0], pair[1], None, cancel),
                                  zip(rows, encoded, strict=True)))
 
-    def choose_method(self, method: str, has_reward: bool) -> str:
+    def choose_method(self, method: str | Method, has_reward: bool) -> Method:
         """The decoder ``method`` means for this Generator (``"auto"`` resolved)."""
-        if method not in METHODS:
-            raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
-        if method == "auto":
+        chosen = Method.parse(method)
+        if chosen is Method.AUTO:
             if has_reward:
-                return "cdsl" if self.draft else "cdlh"
-            return "speculative" if self.draft else "target"
-        if method in ("cdlh", "cdsl") and not has_reward:
-            raise ValueError(f"method {method!r} steers by a reward: pass keywords= or reward=")
-        if method in ("target", "speculative") and has_reward:
-            raise ValueError(f"method {method!r} ignores rewards: use 'cdlh', 'cdsl' or 'auto' with keywords/reward")
-        if method == "cdsl" and not self.draft:
+                return Method.CDSL if self.draft else Method.CDLH
+            return Method.SPECULATIVE if self.draft else Method.TARGET
+        if chosen.steered and not has_reward:
+            raise ValueError(f"method {chosen.value!r} steers by a reward: pass keywords= or reward=")
+        if not chosen.steered and has_reward:
+            raise ValueError(f"method {chosen.value!r} ignores rewards: use 'cdlh', 'cdsl' or 'auto' with "
+                             "keywords/reward")
+        if chosen is Method.CDSL and not self.draft:
             raise ValueError("method 'cdsl' needs a draft; this Generator was made with draft=None")
-        return method
+        return chosen
 
     # --- resolving a request ------------------------------------------------------------------
 
     def _resolve(self, *, schema: Any, regex: Any, choices: Any, grammar: Any, keywords: Any, reward: Any,
-                 tools: Any, tool_choice: Any, parallel_tool_calls: bool, method: str, max_tokens: int,
+                 tools: Any, tool_choice: Any, parallel_tool_calls: bool, method: str | Method, max_tokens: int,
                  temperature: float, top_p: float, seed: int | None, stop: Any, penalties: Penalties,
-                 logprobs: int | None, compile_timeout: float | None = None) -> _Request:
+                 logprobs: int | None, compile_timeout: float | None = None) -> _Call:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
         with _argument("temperature"):
@@ -269,11 +269,11 @@ class Generator:
             chosen = self.choose_method(method, steer is not None)
         with _argument("stop"):
             stops = _stop_strings(stop)
-        if chosen in ("cdlh", "cdsl"):
+        if chosen.steered:
             if not params.greedy:
-                raise ValueError(f"method {chosen!r} decodes greedily; use temperature=0")
+                raise ValueError(f"method {chosen.value!r} decodes greedily; use temperature=0")
             if stops or penalties.active or logprobs is not None:
-                raise ValueError(f"method {chosen!r} does not take stop, penalties or logprobs")
+                raise ValueError(f"method {chosen.value!r} does not take stop, penalties or logprobs")
         with _argument("tools", "tool_choice"):
             calls = tool_request(tools, tool_choice, parallel_tool_calls)
         spec = _answer_spec(schema=schema, regex=regex, choices=choices, grammar=grammar)
@@ -291,7 +291,7 @@ class Generator:
                                     compile_timeout)
         else:
             compiled = self.compile(self._closed(spec) if spec is not None else Regex(FREE_TEXT), compile_timeout)
-        return _Request(compiled, chosen, params, max_tokens, steer, calls, system, stops,
+        return _Call(compiled, chosen, params, max_tokens, steer, calls, system, stops,
                         penalties if penalties.active else None, logprobs, spec if calls is not None else None)
 
     def _closed(self, spec: ConstraintSpec) -> ConstraintSpec:
@@ -324,39 +324,39 @@ class Generator:
 
     # --- decoding -----------------------------------------------------------------------------
 
-    def _run(self, request: _Request, prompt: list[int], emit: Emit | None = None,
+    def _run(self, call: _Call, prompt: list[int], emit: Emit | None = None,
              cancel: threading.Event | None = None) -> Result:
-        """Decode one prompt (token ids) for a resolved request; ``emit`` receives text deltas."""
-        result = self._decode(request, prompt, emit, cancel)
-        if request.tools is not None:
-            result = _read_calls(request.tools, request.answer_format, result)
+        """Decode one prompt (token ids) for a resolved call; ``emit`` receives text deltas."""
+        result = self._decode(call, prompt, emit, cancel)
+        if call.tools is not None:
+            result = _read_calls(call.tools, call.answer_format, result)
         unfinished = {"complete": False, "value": None} if result.finish_reason != "stop" else {}
-        return replace(result, method=request.method, prompt_tokens=len(prompt), **unfinished)
+        return replace(result, method=call.method.value, prompt_tokens=len(prompt), **unfinished)
 
-    def _decode(self, request: _Request, prompt: list[int], emit: Emit | None,
+    def _decode(self, call: _Call, prompt: list[int], emit: Emit | None,
                 cancel: threading.Event | None) -> Result:
-        compiled = request.compiled
+        compiled = call.compiled
         on_tokens = None
         if emit is not None:
-            deltas, holdback = TextDeltas(self.vocabulary), StopHoldback(request.stop)
+            deltas, holdback = TextDeltas(self.vocabulary), StopHoldback(call.stop)
 
             def on_tokens(tokens: list[int]) -> None:
                 emit(holdback.push(deltas.push(tokens)))
 
-        if request.method in ("cdlh", "cdsl"):
+        if call.method.steered:
             if not _acquire_unless_cancelled(self._solo_lock, cancel):
                 return Result(text="", tokens=[], finish_reason="cancelled", complete=False)
             try:
-                result = decode(self.target, compiled, prompt, k=self.k, max_tokens=request.max_tokens,
-                                params=request.params, on_tokens=on_tokens, strategy=self._strategy(request),
+                result = decode(self.target, compiled, prompt, k=self.k, max_tokens=call.max_tokens,
+                                params=call.params, on_tokens=on_tokens, strategy=self._strategy(call),
                                 cancel=cancel)
             finally:
                 self._solo_lock.release()
         else:
             proposers = [getattr(p, "fork", lambda p=p: p)() for p in self.proposers] \
-                if request.method == "speculative" else []
-            row = Request(prompt, compiled, request.params, request.max_tokens, proposers, self.k, on_tokens,
-                          stop=request.stop, penalties=request.penalties, logprobs=request.logprobs,
+                if call.method is Method.SPECULATIVE else []
+            row = Request(tuple(prompt), compiled, call.params, call.max_tokens, tuple(proposers), self.k,
+                          on_tokens, stop=call.stop, penalties=call.penalties, logprobs=call.logprobs,
                           cancel_event=cancel, loop_guard=self.loop_guard)
             result = self.engine.submit(row).wait()
         if emit is not None:
@@ -364,11 +364,11 @@ class Generator:
             emit(holdback.finish(result.text))
         return result
 
-    def _strategy(self, request: _Request) -> Any:
-        if request.method == "cdlh":
-            return CDLH(request.reward)
-        if request.method == "cdsl":
-            return CDSL(self._cdsl_draft_runner(), request.reward)
+    def _strategy(self, call: _Call) -> Any:
+        if call.method is Method.CDLH:
+            return CDLH(call.reward)
+        if call.method is Method.CDSL:
+            return CDSL(self._cdsl_draft_runner(), call.reward)
         return None
 
     def _cdsl_draft_runner(self) -> ModelRunner:

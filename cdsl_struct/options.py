@@ -1,9 +1,34 @@
 """Names users choose from, kept in one light module (the CLI builds its parsers without importing torch)."""
 
+from enum import Enum
 from typing import Any
 
-METHODS = ("auto", "target", "speculative", "cdlh", "cdsl")
-"""Decoders of ``Generator.generate(method=...)``."""
+
+class Method(str, Enum):
+    """The decoders of ``Generator.generate(method=...)`` (a string equal to its value is accepted too)."""
+
+    AUTO = "auto"
+    TARGET = "target"
+    SPECULATIVE = "speculative"
+    CDLH = "cdlh"
+    CDSL = "cdsl"
+
+    @property
+    def steered(self) -> bool:
+        """Steered by a reward through lookaheads (CDLH, CDSL)."""
+        return self in (Method.CDLH, Method.CDSL)
+
+    @classmethod
+    def parse(cls, name: Any) -> "Method":
+        """The method called ``name``; ``ValueError`` naming the choices otherwise."""
+        try:
+            return cls(name)
+        except ValueError:
+            raise ValueError(f"unknown method {name!r}; choose from {', '.join(METHODS)}") from None
+
+
+METHODS = tuple(method.value for method in Method)
+"""The names of ``Method``, for argument parsers."""
 ENGINES = ("llguidance", "outlines-core")
 """Constraint engines, the order ``backend="auto"`` tries them in for most specs."""
 BACKENDS = ("auto", *ENGINES)

@@ -358,3 +358,12 @@ def test_keywords_get_a_self_draft_that_runs_on_the_target_device(smollm2):
         with pytest.raises(cs.CdslError, match="CPU only"):
             runner.self_draft(smollm2.model, cdsl_self_draft("cpu"))
         assert runner.self_draft(smollm2.model, cdsl_self_draft("cuda:0")).dtype == torch.bfloat16
+
+
+def test_methods_are_an_enum_that_takes_their_names():
+    from cdsl_struct import Method
+
+    assert Method.parse("cdsl") is Method.CDSL and Method.CDSL == "cdsl"
+    assert [m for m in Method if m.steered] == [Method.CDLH, Method.CDSL]
+    with pytest.raises(ValueError, match="choose from auto, target, speculative, cdlh, cdsl"):
+        Method.parse("magic")

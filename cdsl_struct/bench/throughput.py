@@ -304,21 +304,18 @@ def _engine_run(model: Any, pad: int, jobs: list[Job], size: int, config: Throug
                         on_tokens=lambda _tokens, i=i: first.setdefault(i, time.perf_counter()))
                 for i, job in enumerate(jobs)]
     start = time.perf_counter()
-    try:
-        engine.run(requests)
-    except Exception:  # noqa: BLE001 - a row's error; every row has ended, each is read below
-        pass
+    rows = engine.run_rows(requests)
     wall = time.perf_counter() - start
     outcomes = []
-    for i, request in enumerate(requests):
-        result = request.result
+    for i, row in enumerate(rows):
+        result = row.result
         if result is None:
-            outcomes.append({"error": repr(request.error), "tokens": [], "finish_reason": "error", "text": ""})
+            outcomes.append({"error": repr(row.error), "tokens": [], "finish_reason": "error", "text": ""})
             continue
         # the engine sets decode_seconds = end - started_at - prefill_seconds: recover the end time
-        end = request.started_at + result.stats.prefill_seconds + result.stats.decode_seconds
+        end = row.started_at + result.stats.prefill_seconds + result.stats.decode_seconds
         outcomes.append({"tokens": list(result.tokens), "finish_reason": result.finish_reason, "text": result.text,
-                         "latency_s": end - start, "queue_s": request.started_at - start,
+                         "latency_s": end - start, "queue_s": row.started_at - start,
                          "first_token_s": first[i] - start if i in first else None})
     return {"wall_s": wall, "outcomes": outcomes, "tokens": [o["tokens"] for o in outcomes],
             "target_passes": engine.runner.passes, "engine": engine.stats.as_dict()}

@@ -1,7 +1,8 @@
 """The batched engine: many requests, one target forward per step (continuous batching).
 
-Nouns as in vLLM's v1 engine: a ``Request`` per sequence, a ``Scheduler`` that picks which
-waiting requests join the running batch (FCFS, bounded by ``max_batch_size`` and a KV memory
+Nouns as in vLLM's v1 engine: a frozen ``Request`` per sequence (what it asks), a ``Row`` the
+engine owns for it (its decoding state and outcome, and the caller's handle), a ``Scheduler`` that
+picks which waiting rows join the running batch (FCFS, bounded by ``max_batch_size`` and a KV memory
 budget), and ``BatchEngine.step`` that runs one step for every running row:
 
 1. each row proposes (the grammar's forced tokens, prompt lookup, a draft model), advancing its
@@ -47,44 +48,36 @@ _ids = itertools.count()
 
 
 class RequestCancelled(CdslError):
-    """Raised by ``Request.wait`` for a request cancelled before it started decoding."""
+    """Raised by ``Row.wait`` for a request cancelled before it started decoding."""
 
 
-@dataclass(eq=False)
+@dataclass(frozen=True, eq=False)
 class Request:
-    """One sequence for the engine: prompt ids, constraint, sampling, budget and draft sources.
+    """What one sequence asks of the engine: prompt ids, constraint, sampling, budget and draft
+    sources; frozen (the engine keeps what changes in the request's ``Row``).
 
-    In its Result's stats, ``target_passes`` / ``target_positions`` count the batched passes the
-    row took part in and its own tokens in them; ``target_seconds`` and ``prefill_seconds`` are
-    the wall time of those passes, shared with the other rows (so they do not add up over rows).
     ``proposers`` are this request's own (a draft model proposer must not be shared between
     rows: see ``DraftModelProposer.fork``). ``on_tokens`` receives each step's committed tokens
-    on the engine's thread. ``wait`` returns the Result or raises the row's error.
+    on the engine's thread. ``cancel_event``: once set, the row ends at the next step boundary.
     """
 
-    prompt: list[int]
+    prompt: tuple[int, ...]
     compiled: CompiledConstraint
     params: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int = 256
-    proposers: Sequence[Proposer] = ()
+    proposers: tuple[Proposer, ...] = ()
     k: int = 4
     on_tokens: Callable[[list[int]], None] | None = None
-    stop: Sequence[str] = ()
+    stop: tuple[str, ...] = ()
     penalties: Penalties | None = None
     loop_guard: bool = False
     logprobs: int | None = None
     cancel_event: threading.Event | None = None
     request_id: str = field(default_factory=lambda: f"req-{next(_ids)}")
-    result: Result | None = None
-    error: BaseException | None = None
-    session: Session | None = field(default=None, repr=False)
-    cancelled: bool = False
-    _stops: StopStrings | None = field(default=None, init=False, repr=False)
-    submitted_at: float = field(default_factory=time.perf_counter)
-    started_at: float = 0.0
-    _done: threading.Event = field(default_factory=threading.Event, repr=False)
 
     def __post_init__(self) -> None:
+        for name in ("prompt", "proposers", "stop"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.k < 0:
@@ -93,7 +86,34 @@ class Request:
             raise ValueError("a request needs at least one prompt token")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"top logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}")
-        self._stops = StopStrings(self.stop) if self.stop else None
+
+    @property
+    def reserved_tokens(self) -> int:
+        """Positions this request may need in the cache: prompt, output and one step's speculation."""
+        return len(self.prompt) + self.max_tokens + self.k + 33
+
+
+@dataclass(eq=False)
+class Row:
+    """The engine's state of one submitted ``Request``, and the caller's handle on it.
+
+    In its Result's stats, ``target_passes`` / ``target_positions`` count the batched passes the
+    row took part in and its own tokens in them; ``target_seconds`` and ``prefill_seconds`` are
+    the wall time of those passes, shared with the other rows (so they do not add up over rows).
+    ``wait`` returns the Result or raises the row's error; ``cancel`` ends it at the next step.
+    """
+
+    request: Request
+    row_id: str = field(default_factory=lambda: f"row-{next(_ids)}")
+    """Keys this row's KV cache in the runner (a request submitted twice makes two rows)."""
+    session: Session | None = field(default=None, repr=False)
+    stops: StopStrings | None = field(default=None, repr=False)
+    result: Result | None = None
+    error: BaseException | None = None
+    cancelled: bool = False
+    submitted_at: float = field(default_factory=time.perf_counter)
+    started_at: float = 0.0
+    _done: threading.Event = field(default_factory=threading.Event, repr=False)
 
     @property
     def done(self) -> bool:
@@ -105,21 +125,17 @@ class Request:
 
     @property
     def is_cancelled(self) -> bool:
-        return self.cancelled or (self.cancel_event is not None and self.cancel_event.is_set())
+        event = self.request.cancel_event
+        return self.cancelled or (event is not None and event.is_set())
 
     def wait(self, timeout: float | None = None) -> Result:
         """Block until the row ends; its Result, or its error raised here."""
         if not self._done.wait(timeout):
-            raise TimeoutError(f"request {self.request_id} still running after {timeout} s")
+            raise TimeoutError(f"request {self.request.request_id} still running after {timeout} s")
         if self.error is not None:
             raise self.error
         assert self.result is not None
         return self.result
-
-    @property
-    def reserved_tokens(self) -> int:
-        """Positions this row may need in the cache: prompt, output and one step's speculation."""
-        return len(self.prompt) + self.max_tokens + self.k + 33
 
 
 class Scheduler:
@@ -135,23 +151,23 @@ class Scheduler:
         self.max_batch_size = max_batch_size
         self.kv_budget_bytes = kv_budget_bytes
         self.bytes_per_token = bytes_per_token
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        self.waiting: deque[Row] = deque()
+        self.running: list[Row] = []
 
-    def fits(self, request: Request) -> bool:
-        rows = self.running + [request]
+    def fits(self, row: Row) -> bool:
+        rows = self.running + [row]
         if len(rows) > self.max_batch_size:
             return False
-        need = len(rows) * (2 * max(r.reserved_tokens for r in rows) + COMPACT_SLACK) * self.bytes_per_token
+        need = len(rows) * (2 * max(r.request.reserved_tokens for r in rows) + COMPACT_SLACK) * self.bytes_per_token
         return need <= self.kv_budget_bytes or not self.running
 
-    def admit(self) -> list[Request]:
-        """Move the requests that fit from the queue into the batch, in arrival order."""
+    def admit(self) -> list[Row]:
+        """Move the rows that fit from the queue into the batch, in arrival order."""
         admitted = []
         while self.waiting and self.fits(self.waiting[0]):
-            request = self.waiting.popleft()
-            self.running.append(request)
-            admitted.append(request)
+            row = self.waiting.popleft()
+            self.running.append(row)
+            admitted.append(row)
         return admitted
 
 
@@ -224,25 +240,31 @@ class BatchEngine:
 
     # --- submitting ---------------------------------------------------------------------------
 
-    def submit(self, request: Request) -> Request:
-        """Queue ``request``; it joins the batch at a step boundary."""
+    def submit(self, request: Request) -> Row:
+        """Queue ``request``; its ``Row`` joins the batch at a step boundary."""
         if self._closed:
             raise CdslError("this engine is closed; make a new one (or a new Generator)")
+        row = Row(request)
         with self._lock:
-            self.scheduler.waiting.append(request)
+            self.scheduler.waiting.append(row)
             self._lock.notify_all()
-        return request
+        return row
 
     def run(self, requests: Sequence[Request]) -> list[Result]:
         """Submit ``requests`` and step until all of them end (in this thread unless the engine is
         started); their Results in order. The first failed row's error is raised once all have
-        ended; every row's own outcome stays on its ``Request`` (``result`` / ``error``)."""
-        for request in requests:
-            self.submit(request)
+        ended (``run_rows`` gives every row's own outcome)."""
+        return [row.wait() for row in self.run_rows(requests)]
+
+    def run_rows(self, requests: Sequence[Request]) -> list[Row]:
+        """As ``run``, but the ended Rows, each holding its ``result`` or ``error``."""
+        rows = [self.submit(request) for request in requests]
         if self._thread is None:
-            while not all(r.done for r in requests):
+            while not all(r.done for r in rows):
                 self.step()
-        return [r.wait() for r in requests]
+        for row in rows:
+            row._done.wait()
+        return rows
 
     @property
     def busy(self) -> bool:
@@ -285,10 +307,10 @@ class BatchEngine:
         with self._lock:
             waiting, self.scheduler.waiting = list(self.scheduler.waiting), deque()
             running = list(self.scheduler.running)
-        for request in running:
-            self._end(request, reason="cancelled")
-        for request in waiting:
-            self._end(request)
+        for row in running:
+            self._end(row, reason="cancelled")
+        for row in waiting:
+            self._end(row)
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
@@ -303,8 +325,8 @@ class BatchEngine:
             try:
                 self.step()
             except BaseException as exc:  # a failed forward: every running row gets the error
-                for request in list(self.scheduler.running):
-                    self._end(request, error=exc)
+                for row in list(self.scheduler.running):
+                    self._end(row, error=exc)
 
     # --- one step -----------------------------------------------------------------------------
 
@@ -312,35 +334,35 @@ class BatchEngine:
         """Admit what fits, then one propose / forward / verify round over the running rows."""
         with self._lock:
             dropped = [r for r in self.scheduler.waiting if r.is_cancelled]
-            for request in dropped:
-                self.scheduler.waiting.remove(request)
+            for row in dropped:
+                self.scheduler.waiting.remove(row)
             admitted = self.scheduler.admit()
-        for request in dropped:  # cancelled before they started: they end now, not when a row frees
-            self._end(request, reason="cancelled")
-        for request in admitted:
+        for row in dropped:  # cancelled before they started: they end now, not when a row frees
+            self._end(row, reason="cancelled")
+        for row in admitted:
             try:
-                self._start(request)
+                self._start(row)
             except Exception as exc:  # noqa: BLE001 - a row that cannot start ends alone, with its error
-                self._end(request, error=exc)
-        rows: list[tuple[Request, Proposal]] = []
-        for request in list(self.scheduler.running):
-            if request.is_cancelled:
-                self._end(request, reason="cancelled")
+                self._end(row, error=exc)
+        rows: list[tuple[Row, Proposal]] = []
+        for row in list(self.scheduler.running):
+            if row.is_cancelled:
+                self._end(row, reason="cancelled")
                 continue
-            session = request.session
+            request = row.request
             try:
-                proposal = propose(session, request.proposers, request.k, request.max_tokens)
+                proposal = propose(row.session, request.proposers, request.k, request.max_tokens)
             except Exception as exc:  # noqa: BLE001 - the row ends with its own error
-                self._end(request, error=exc)
+                self._end(row, error=exc)
                 continue
-            rows.append((request, proposal))
+            rows.append((row, proposal))
         if not rows:
             return
         if self.width is not None:
             width = self.width.choose([p for _, p in rows])
-            for request, proposal in rows:
-                truncate(request.session, proposal, width - 1)
-        feeds = [Feed(r.request_id, r.session.sequence + p.tokens, len(p.tokens) + 1) for r, p in rows]
+            for row, proposal in rows:
+                truncate(row.session, proposal, width - 1)
+        feeds = [Feed(r.row_id, r.session.sequence + p.tokens, len(p.tokens) + 1) for r, p in rows]
         mask_before = sum(r.session.state.mask_seconds for r, _ in rows)
         pending = self._masks_async(rows)
         started = time.perf_counter()
@@ -358,105 +380,116 @@ class BatchEngine:
         if rows_logits:
             self._commit_all(rows_logits, forward)
 
-    def _start(self, request: Request) -> None:
-        request.started_at = time.perf_counter()
-        request.session = Session(list(request.prompt), request.compiled, request.compiled.new_state(), None,
-                                  request.params, request.params.generator(self.runner.device), DecodeStats())
-        request.session.max_tokens = request.max_tokens
+    def _start(self, row: Row) -> None:
+        request = row.request
+        row.started_at = time.perf_counter()
+        row.stops = StopStrings(request.stop) if request.stop else None
+        row.session = Session(list(request.prompt), request.compiled, request.compiled.new_state(), None,
+                              request.params, request.params.generator(self.runner.device), DecodeStats())
+        row.session.max_tokens = request.max_tokens
 
-    def _masks_async(self, rows: list[tuple[Request, Proposal]]) -> list[Any]:
+    def _masks_async(self, rows: list[tuple[Row, Proposal]]) -> list[Any]:
         if self._pool is None:
             return [None] * len(rows)
         return [self._pool.submit(fill_deferred_masks, r.session, p) for r, p in rows]
 
-    def _wait_masks(self, rows: list[tuple[Request, Proposal]], pending: list[Any], before: float) -> list[bool]:
+    def _wait_masks(self, rows: list[tuple[Row, Proposal]], pending: list[Any], before: float) -> list[bool]:
         """Finish every row's masks (a row whose constraint raised ends with that error); ``before``:
         the rows' mask time when the step's masks were queued."""
         started = time.perf_counter()
         ok = []
-        for (request, proposal), future in zip(rows, pending, strict=True):
+        for (row, proposal), future in zip(rows, pending, strict=True):
             try:
-                future.result() if future is not None else fill_deferred_masks(request.session, proposal)
+                future.result() if future is not None else fill_deferred_masks(row.session, proposal)
                 ok.append(True)
             except Exception as exc:  # noqa: BLE001
-                self._end(request, error=exc)
+                self._end(row, error=exc)
                 ok.append(False)
         after = sum(r.session.state.mask_seconds for r, _ in rows)
         self.stats.mask_wait_seconds += time.perf_counter() - started
         self.stats.mask_seconds += after - before
         return ok
 
-    def _commit_all(self, rows: list[tuple[Request, Proposal, torch.Tensor]], forward: float) -> None:
+    def _commit_all(self, rows: list[tuple[Row, Proposal, torch.Tensor]], forward: float) -> None:
         """Mask every position of every row in one op on the device, then verify row by row."""
         logits = torch.cat([lg for _, _, lg in rows])
         offset = 0
-        for request, proposal, row_logits in rows:
+        for row, proposal, row_logits in rows:
             row_scores = logits[offset:offset + len(row_logits)]
-            if request.penalties is not None and request.penalties.active:
-                request.penalties.apply(row_scores, request.session.output, proposal.tokens)
-            if request.loop_guard:
-                request.session.stats.loop_guarded += guard_loops(row_scores, request.session.output,
-                                                                  proposal.tokens)
+            penalties, session = row.request.penalties, row.session
+            if penalties is not None and penalties.active:
+                penalties.apply(row_scores, session.output, proposal.tokens)
+            if row.request.loop_guard:
+                session.stats.loop_guarded += guard_loops(row_scores, session.output, proposal.tokens)
             offset += len(row_logits)
         masks = torch.stack([m for _, p, _ in rows for m in p.masks])
         masked = apply_bitmask(logits, masks)
         choices = torch.argmax(masked, dim=-1).tolist()
         offset = 0
-        for request, proposal, row_logits in rows:
+        for row, proposal, row_logits in rows:
             span = slice(offset, offset + len(row_logits))
             offset += len(row_logits)
-            session = request.session
-            stats = session.stats
-            if stats.target_passes == 0 and len(request.prompt) > 1:  # this row's prefill pass
-                stats.target_passes += 1
-                stats.target_positions += len(request.prompt) - 1
-                stats.prefill_seconds = self.runner.last_prefill_seconds
-            stats.target_passes += 1
-            stats.target_seconds += forward
-            stats.target_positions += len(proposal.tokens) + 1
+            self._count_pass(row, proposal, forward)
             try:
-                accepted_before = stats.accepted
-                committed = commit(session, proposal, masked[span], choices[span])
-                if self.width is not None:
-                    self.width.observe_verdict(proposal.drafted, max(0, stats.accepted - accepted_before
-                                                                     - proposal.forced))
-                if committed and request.logprobs is not None:
-                    session.logprobs = (session.logprobs or []) + token_logprobs(
-                        masked[span], committed, session.params, request.logprobs, session.compiled.vocabulary)
-                stopped = bool(committed) and request._stops is not None and request._stops.end(session)
-                if committed and request.on_tokens is not None:
-                    request.on_tokens(committed)
+                committed, stopped = self._commit_row(row, proposal, masked[span], choices[span])
             except Exception as exc:  # noqa: BLE001
-                self._end(request, error=exc)
+                self._end(row, error=exc)
                 continue
             if stopped:
-                self._end(request, reason="stop_string")
+                self._end(row, reason="stop_string")
             elif not committed:
-                self._end(request, reason="constraint_dead_end")
-            elif session.state.finished or len(session.output) >= request.max_tokens:
-                self._end(request)
+                self._end(row, reason="constraint_dead_end")
+            elif row.session.state.finished or len(row.session.output) >= row.request.max_tokens:
+                self._end(row)
 
-    def _end(self, request: Request, *, reason: str | None = None, error: BaseException | None = None) -> None:
-        """Take ``request`` out of the batch with its Result or error."""
+    def _count_pass(self, row: Row, proposal: Proposal, forward: float) -> None:
+        stats, prompt = row.session.stats, row.request.prompt
+        if stats.target_passes == 0 and len(prompt) > 1:  # this row's prefill pass
+            stats.target_passes += 1
+            stats.target_positions += len(prompt) - 1
+            stats.prefill_seconds = self.runner.last_prefill_seconds
+        stats.target_passes += 1
+        stats.target_seconds += forward
+        stats.target_positions += len(proposal.tokens) + 1
+
+    def _commit_row(self, row: Row, proposal: Proposal, masked: torch.Tensor,
+                    choices: list[int]) -> tuple[list[int], bool]:
+        """Verify and commit one row's proposal; its committed tokens and whether a stop string ended it."""
+        session, request = row.session, row.request
+        accepted_before = session.stats.accepted
+        committed = commit(session, proposal, masked, choices)
+        if self.width is not None:
+            self.width.observe_verdict(proposal.drafted, max(0, session.stats.accepted - accepted_before
+                                                             - proposal.forced))
+        if committed and request.logprobs is not None:
+            session.logprobs = (session.logprobs or []) + token_logprobs(
+                masked, committed, session.params, request.logprobs, session.compiled.vocabulary)
+        stopped = bool(committed) and row.stops is not None and row.stops.end(session)
+        if committed and request.on_tokens is not None:
+            request.on_tokens(committed)
+        return committed, stopped
+
+    def _end(self, row: Row, *, reason: str | None = None, error: BaseException | None = None) -> None:
+        """Take ``row`` out of the batch with its Result or error."""
         with self._lock:
-            if request in self.scheduler.running:
-                self.scheduler.running.remove(request)
-        self.runner.release(request.request_id)
+            if row in self.scheduler.running:
+                self.scheduler.running.remove(row)
+        self.runner.release(row.row_id)
         if error is not None:
-            request.error = error
-        elif request.session is None and reason == "cancelled":  # cancelled before it started: nothing decoded
-            request.result = Result(text="", tokens=[], finish_reason="cancelled", complete=False)
-        elif request.session is None:
-            request.error = RequestCancelled(f"request {request.request_id} was cancelled")
+            row.error = error
+        elif row.session is None and reason == "cancelled":  # cancelled before it started: nothing decoded
+            row.result = Result(text="", tokens=[], finish_reason="cancelled", complete=False)
+        elif row.session is None:
+            row.error = RequestCancelled(f"request {row.request.request_id} was cancelled")
         else:
-            stats = request.session.stats
-            stats.decode_seconds = time.perf_counter() - request.started_at - stats.prefill_seconds
+            stats = row.session.stats
+            stats.decode_seconds = time.perf_counter() - row.started_at - stats.prefill_seconds
             try:
-                request.result = finish(request.session, dead_end=reason == "constraint_dead_end",
-                                        stopped=reason == "stop_string", cancelled=reason == "cancelled")
+                row.result = finish(row.session, dead_end=reason == "constraint_dead_end",
+                                    stopped=reason == "stop_string", cancelled=reason == "cancelled")
             except Exception as exc:  # noqa: BLE001 - e.g. a value that fails to parse: the row's error
-                request.error = exc
-        request._done.set()
+                row.error = exc
+        row._done.set()
 
 
 def default_kv_budget(device: Any) -> float:

@@ -206,3 +206,19 @@ def test_background_engine_serves_submitters_from_threads(smollm2, parts):
     finally:
         engine.stop()
     assert all(r.tokens for r in results) and engine.stats.as_dict()["mean_rows"] > 1
+
+
+def test_a_request_is_frozen_and_each_submission_gets_a_row_of_its_own(smollm2, parts):
+    import dataclasses
+
+    ids, compiled, _ = workload(smollm2, parts)[0]
+    request = Request(ids, compiled, max_tokens=12)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        request.max_tokens = 99
+    assert request.prompt == tuple(ids)  # a copy: changing the caller's list changes nothing
+    engine = engine_for(smollm2)
+    first, second = engine.submit(request), engine.submit(request)
+    while not (first.done and second.done):
+        engine.step()
+    assert first is not second and first.session is not second.session
+    assert first.wait().tokens == second.wait().tokens and len(first.wait().tokens) > 0
