@@ -137,6 +137,13 @@ class _Client:
             self.local.http = httpx.Client(timeout=REQUEST_TIMEOUT_S)
         return self.local.http
 
+    def close(self) -> None:
+        """Close this thread's connections (so that the server's descriptors after the load count
+        nothing the soak still holds)."""
+        if hasattr(self.local, "http"):
+            self.local.http.close()
+            del self.local.http
+
     def send(self, request: SoakRequest) -> dict[str, Any]:
         """Send ``request``; its row: status (-1 transport error, 0 went away as meant), the answer's
         ids, whether it was complete and valid, its latency."""
@@ -276,6 +283,7 @@ def _load(client: _Client, clients: int, seconds: float) -> list[dict[str, Any]]
     def run() -> None:
         while time.monotonic() < deadline:
             rows.append(client.send(soak_request(next(counter))))
+        client.close()
 
     threads = [threading.Thread(target=run, daemon=True) for _ in range(clients)]
     for thread in threads:
@@ -321,6 +329,7 @@ def run_soak(config: SoakConfig, progress: bool = True) -> dict[str, Any]:
     with _server(config) as (url, pid):
         client = _Client(url)
         warm_up = [client.send(soak_request(i)) for i in range(20) if soak_request(i).group == "well_formed"]
+        client.close()
         resources = _Resources(pid, config.sample_s)
         before, caches_before = resources.now(), _caches(url)
         if progress:
