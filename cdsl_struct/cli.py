@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .bulk.cli import add_batch_parser, run_batch
 from .generate_cli import add_generate_parser, run_generate
@@ -14,11 +16,34 @@ from .server.cli import add_serve_parser, run_serve
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``cdsl-struct`` with ``argv`` (default: the process's arguments); the exit code."""
     parser = argparse.ArgumentParser(prog="cdsl-struct", description="Structured output for Hugging Face LMs.")
     commands = parser.add_subparsers(dest="command", required=True)
     add_generate_parser(commands)
     add_batch_parser(commands)
+    _add_bench_parsers(commands)
 
+    models = commands.add_parser("models", help="fetch and prepare models, or list them")
+    models.add_argument("action", choices=["pull", "list"])
+    models.add_argument("names", nargs="*", help="models to pull (default: smollm2)")
+
+    tokenizers = commands.add_parser("tokenizers", help="fetch or list the named test tokenizers")
+    tokenizers.add_argument("action", choices=["fetch", "list"])
+    tokenizers.add_argument("names", nargs="*", help="names to fetch (default: all)")
+    tokenizers.add_argument("--engines", action="store_true",
+                            help="also time building each engine's view of the vocabulary")
+
+    add_serve_parser(commands)
+
+    args = parser.parse_args(argv)
+    handler = _HANDLERS.get((args.command, getattr(args, "bench", None)))
+    if handler is None:
+        parser.error("unknown command")
+    return handler(args)
+
+
+def _add_bench_parsers(commands: Any) -> None:
+    """``cdsl-struct bench ...``: the argument tables of every harness."""
     bench = commands.add_parser("bench", help="run a benchmark harness").add_subparsers(dest="bench", required=True)
     mask = bench.add_parser("maskbench", help="JSONSchemaBench/MaskBench: compile + mask correctness and speed")
     mask.add_argument("--data", required=True, help="a .jsonl(.gz) file or a folder of them")
@@ -128,79 +153,50 @@ def main(argv: list[str] | None = None) -> int:
     quality = bench.add_parser("quality", help="constrained vs free answers: accuracy, whitespace, token boundaries")
     _quality_arguments(quality)
 
-    models = commands.add_parser("models", help="fetch and prepare models, or list them")
-    models.add_argument("action", choices=["pull", "list"])
-    models.add_argument("names", nargs="*", help="models to pull (default: smollm2)")
 
-    tokenizers = commands.add_parser("tokenizers", help="fetch or list the named test tokenizers")
-    tokenizers.add_argument("action", choices=["fetch", "list"])
-    tokenizers.add_argument("names", nargs="*", help="names to fetch (default: all)")
-    tokenizers.add_argument("--engines", action="store_true",
-                            help="also time building each engine's view of the vocabulary")
+def _commongen_merge(args: argparse.Namespace) -> int:
+    from .bench.commongen import format_table as commongen_table
+    from .bench.commongen import merge_reports
 
-    add_serve_parser(commands)
+    merged = merge_reports([json.loads(Path(p).read_text(encoding="utf-8")) for p in args.reports])
+    merged["summary"] = {}
+    return _report(merged, commongen_table(merged), args.json_out)
 
-    args = parser.parse_args(argv)
-    if args.command == "generate":
-        return run_generate(args)
-    if args.command == "batch":
-        return run_batch(args)
-    if args.command == "bench" and args.bench == "maskbench":
-        return _maskbench(args)
-    if args.command == "bench" and args.bench == "speculative":
-        return _speculative(args)
-    if args.command == "bench" and args.bench == "throughput":
-        return _throughput(args)
-    if args.command == "bench" and args.bench == "commongen":
-        return _commongen(args)
-    if args.command == "bench" and args.bench == "commongen-sweep":
-        return _commongen_sweep(args)
-    if args.command == "bench" and args.bench == "commongen-merge":
-        from .bench.commongen import format_table as commongen_table
-        from .bench.commongen import merge_reports
 
-        merged = merge_reports([json.loads(Path(p).read_text(encoding="utf-8")) for p in args.reports])
-        merged["summary"] = {}
-        return _report(merged, commongen_table(merged), args.json_out)
-    if args.command == "bench" and args.bench == "json-keywords":
-        return _json_keywords(args)
-    if args.command == "bench" and args.bench == "serve":
-        return _serve_bench(args)
-    if args.command == "bench" and args.bench == "soak":
-        from .bench.soak import SoakConfig, format_soak_table, run_soak
+def _soak(args: argparse.Namespace) -> int:
+    from .bench.soak import SoakConfig, format_soak_table, run_soak
 
-        config = SoakConfig(minutes=args.minutes, clients=args.clients, url=args.url, pid=args.pid, model=args.model,
-                            server_args=tuple(args.server_arg), sample_s=args.sample_s)
-        report = run_soak(config, progress=not args.no_progress)
-        return _report(report, format_soak_table(report), args.json_out)
-    if args.command == "bench" and args.bench == "tools":
-        from .bench.tool_calls import ToolBenchConfig, format_tool_table, run_tool_bench
+    config = SoakConfig(minutes=args.minutes, clients=args.clients, url=args.url, pid=args.pid, model=args.model,
+                        server_args=tuple(args.server_arg), sample_s=args.sample_s)
+    report = run_soak(config, progress=not args.no_progress)
+    return _report(report, format_soak_table(report), args.json_out)
 
-        report = run_tool_bench(ToolBenchConfig(model=args.model, requests=args.requests,
-                                                max_tokens=args.max_tokens))
-        return _report(report, format_tool_table(report), args.json_out)
-    if args.command == "bench" and args.bench == "steps":
-        from .bench.step_cost import StepCostConfig, format_table, run_step_cost
 
-        report = run_step_cost(StepCostConfig(model=args.model, device=args.device, steps=args.steps,
-                                              rounds=args.rounds, compile=args.compile))
-        return _report(report, format_table(report), args.json_out)
-    if args.command == "bench" and args.bench == "quality":
-        from .bench.answer_quality import run_from_args
+def _tools_bench(args: argparse.Namespace) -> int:
+    from .bench.tool_calls import ToolBenchConfig, format_tool_table, run_tool_bench
 
-        return _report(*run_from_args(args), args.json_out)
-    if args.command == "bench" and args.bench == "fuzz-rewrite":
-        from .bench.fuzz_rewrite import run_from_args as run_fuzz_rewrite
+    report = run_tool_bench(ToolBenchConfig(model=args.model, requests=args.requests, max_tokens=args.max_tokens))
+    return _report(report, format_tool_table(report), args.json_out)
 
-        return _report(*run_fuzz_rewrite(args), args.json_out)
-    if args.command == "tokenizers":
-        return _tokenizers(args)
-    if args.command == "models":
-        return _models(args)
-    if args.command == "serve":
-        return run_serve(args)
-    parser.error("unknown command")
-    return 2
+
+def _steps(args: argparse.Namespace) -> int:
+    from .bench.step_cost import StepCostConfig, format_table, run_step_cost
+
+    report = run_step_cost(StepCostConfig(model=args.model, device=args.device, steps=args.steps,
+                                          rounds=args.rounds, compile=args.compile))
+    return _report(report, format_table(report), args.json_out)
+
+
+def _quality(args: argparse.Namespace) -> int:
+    from .bench.answer_quality import run_from_args
+
+    return _report(*run_from_args(args), args.json_out)
+
+
+def _fuzz_rewrite(args: argparse.Namespace) -> int:
+    from .bench.fuzz_rewrite import run_from_args as run_fuzz_rewrite
+
+    return _report(*run_fuzz_rewrite(args), args.json_out)
 
 
 def _maskbench(args: argparse.Namespace) -> int:
@@ -438,6 +434,18 @@ def _tokenizers(args: argparse.Namespace) -> int:
         print(f"{name:8s} {vocabulary.size:7d} tokens  {vocabulary.scheme:13s} fetch {fetched:5.1f}s  "
               f"vocabulary {vocabulary.build_seconds:5.2f}s{engines}  {folder}")
     return 0
+
+
+_HANDLERS: dict[tuple[str, str | None], Callable[[argparse.Namespace], int]] = {
+    ("generate", None): run_generate, ("batch", None): run_batch, ("serve", None): run_serve,
+    ("models", None): _models, ("tokenizers", None): _tokenizers,
+    ("bench", "maskbench"): _maskbench, ("bench", "speculative"): _speculative, ("bench", "throughput"): _throughput,
+    ("bench", "commongen"): _commongen, ("bench", "commongen-sweep"): _commongen_sweep,
+    ("bench", "commongen-merge"): _commongen_merge, ("bench", "json-keywords"): _json_keywords,
+    ("bench", "serve"): _serve_bench, ("bench", "soak"): _soak, ("bench", "tools"): _tools_bench,
+    ("bench", "steps"): _steps, ("bench", "quality"): _quality, ("bench", "fuzz-rewrite"): _fuzz_rewrite,
+}
+"""What each command (and bench harness) runs."""
 
 
 if __name__ == "__main__":
