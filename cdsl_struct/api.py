@@ -33,7 +33,7 @@ from .constraints import (
 from .constraints.closed_objects import close_objects
 from .constraints.specs import as_spec
 from .constraints.whitespace import DEFAULT_WHITESPACE
-from .decoding import DraftModelProposer, SamplingParams, build_proposers, decode
+from .decoding import DraftModelProposer, SamplingParams, build_proposers
 from .decoding.engine import BatchEngine, EngineLoad, Request
 from .decoding.lookahead import CDLH, CDSL
 from .decoding.penalties import Penalties
@@ -132,11 +132,10 @@ class Generator:
         self.loop_guard = loop_guard
         self.k = k
         self.draft: str | None = None if draft in (None, "none") else (AUTO_DRAFT if draft == "auto" else draft)
-        self.target = ModelRunner(self.loaded.model)
         self.proposers = build_proposers(self.draft, self.loaded.model, target_tokenizer=self.tokenizer)
+        self._draft_lock = threading.Lock()
         self._cdsl_draft: ModelRunner | None = next(
             (p.runner for p in self.proposers if isinstance(p, DraftModelProposer)), None)
-        self._solo_lock = threading.Lock()  # CDLH / CDSL share self.target, one sequence at a time
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.loaded.eos_token_ids[0]
         self.engine = BatchEngine(BatchRunner(self.loaded.model, pad_token_id=pad), max_batch_size=max_batch_size,
                                   kv_budget_bytes=None if kv_budget_gb is None else kv_budget_gb * 2**30)
@@ -343,22 +342,13 @@ class Generator:
             def on_tokens(tokens: list[int]) -> None:
                 emit(holdback.push(deltas.push(tokens)))
 
-        if call.method.steered:
-            if not _acquire_unless_cancelled(self._solo_lock, cancel):
-                return Result(text="", tokens=[], finish_reason="cancelled", complete=False)
-            try:
-                result = decode(self.target, compiled, prompt, k=self.k, max_tokens=call.max_tokens,
-                                params=call.params, on_tokens=on_tokens, strategy=self._strategy(call),
-                                cancel=cancel)
-            finally:
-                self._solo_lock.release()
-        else:
-            proposers = [getattr(p, "fork", lambda p=p: p)() for p in self.proposers] \
-                if call.method is Method.SPECULATIVE else []
-            row = Request(tuple(prompt), compiled, call.params, call.max_tokens, tuple(proposers), self.k,
-                          on_tokens, stop=call.stop, penalties=call.penalties, logprobs=call.logprobs,
-                          cancel_event=cancel, loop_guard=self.loop_guard)
-            result = self.engine.submit(row).wait()
+        proposers = [getattr(p, "fork", lambda p=p: p)() for p in self.proposers] \
+            if call.method is Method.SPECULATIVE else []
+        row = Request(tuple(prompt), compiled, call.params, call.max_tokens, tuple(proposers), self.k,
+                      on_tokens, stop=call.stop, penalties=call.penalties, logprobs=call.logprobs,
+                      cancel_event=cancel, loop_guard=self.loop_guard,
+                      strategy=self._strategy(call))
+        result = self.engine.submit(row).wait()
         if emit is not None:
             emit(holdback.push(deltas.flush()))
             emit(holdback.finish(result.text))
@@ -373,10 +363,11 @@ class Generator:
 
     def _cdsl_draft_runner(self) -> ModelRunner:
         """The draft model CDSL steers by the reward (CDSL wraps it in a ``GuidedDraft``)."""
-        if self._cdsl_draft is None:
-            kind = cdsl_self_draft(self.device)
-            self._cdsl_draft = ModelRunner(self_draft(self.loaded.model, kind), name=kind)
-        return self._cdsl_draft
+        with self._draft_lock:  # concurrent first CDSL requests make one draft
+            if self._cdsl_draft is None:
+                kind = cdsl_self_draft(self.device)
+                self._cdsl_draft = ModelRunner(self_draft(self.loaded.model, kind), name=kind)
+            return self._cdsl_draft
 
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -487,14 +478,6 @@ def _argument(param: str, named_first: str | None = None) -> Iterator[None]:
     except ValueError as exc:
         name = named_first if named_first and str(exc).startswith(named_first) else param
         raise InvalidArgument(str(exc), param=name) from exc
-
-
-def _acquire_unless_cancelled(lock: threading.Lock, cancel: threading.Event | None, poll: float = 0.05) -> bool:
-    """Take ``lock``, waiting; ``False`` (lock not taken) once ``cancel`` is set while waiting."""
-    while not lock.acquire(timeout=poll):
-        if cancel is not None and cancel.is_set():
-            return False
-    return True
 
 
 _generators_lock = threading.Lock()

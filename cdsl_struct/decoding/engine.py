@@ -6,13 +6,17 @@ picks which waiting rows join the running batch (FCFS, bounded by ``max_batch_si
 budget), and ``BatchEngine.step`` that runs one step for every running row:
 
 1. each row proposes (the grammar's forced tokens, prompt lookup, a draft model), advancing its
-   own constraint state (``loop.propose``);
-2. ONE target forward for all rows (``BatchRunner``: new rows prefilled first, ragged feeds
+   own constraint state (``loop.propose``); a row with a ``strategy`` (CDLH, CDSL) advances its
+   step program instead, whose draft passes run batched over every row drafting on the same
+   model (``programs.Programs``);
+2. ONE target forward for all rows (a strategy row feeds what its program asks: its sequence, or
+   its branches such as CDLH's roll-outs) (``BatchRunner``: new rows prefilled first, ragged feeds
    padded), while worker threads compute the rows' pending masks (the engines release the GIL);
 3. the masks of every position of every row are stacked into one packed bitmask, copied to the
    device once and applied there; greedy choices are one argmax over all of them;
-4. each row verifies and commits on its own (``loop.commit``), rolling back its own state; the
-   runner crops its KV rows on the next step.
+4. each row verifies and commits on its own (``loop.commit``; a strategy row's program judges its
+   logits and commits or asks for another pass), rolling back its own state; the runner crops
+   its KV rows on the next step.
 
 Rows join and leave between steps. A row's failure (an exception in its proposers, constraint
 or callback), its cancellation or its token budget ends that row only.
@@ -35,13 +39,16 @@ from ..constraints import CompiledConstraint
 from ..constraints.mask import apply_bitmask
 from ..errors import CdslError
 from ..models.batch import COMPACT_SLACK, BatchRunner, Feed
+from ..models.runner import ModelRunner
 from ..result import DecodeStats, Result
 from .logprobs import MAX_TOP_LOGPROBS, token_logprobs
-from .loop import Proposal, Proposer, Session, commit, fill_deferred_masks, finish, propose, truncate
+from .loop import MAX_FORCED, Proposal, Proposer, Session, commit, fill_deferred_masks, finish, propose, truncate
 from .loops import guard_loops
 from .penalties import Penalties
+from .programs import Programs
 from .sampling import SamplingParams
 from .stops import StopStrings
+from .strategy import Passes, StepProgram, Strategy
 from .width import StepWidth
 
 _ids = itertools.count()
@@ -57,8 +64,10 @@ class Request:
     sources; frozen (the engine keeps what changes in the request's ``Row``).
 
     ``proposers`` are this request's own (a draft model proposer must not be shared between
-    rows: see ``DraftModelProposer.fork``). ``on_tokens`` receives each step's committed tokens
-    on the engine's thread. ``cancel_event``: once set, the row ends at the next step boundary.
+    rows: see ``DraftModelProposer.fork``). ``strategy``: a decoder that steps the row as a
+    program (CDLH, CDSL; its proposers are then unused). ``on_tokens`` receives each step's
+    committed tokens on the engine's thread. ``cancel_event``: once set, the row ends at the
+    next step boundary.
     """
 
     prompt: tuple[int, ...]
@@ -73,6 +82,7 @@ class Request:
     loop_guard: bool = False
     logprobs: int | None = None
     cancel_event: threading.Event | None = None
+    strategy: Strategy | None = None
     request_id: str = field(default_factory=lambda: f"req-{next(_ids)}")
 
     def __post_init__(self) -> None:
@@ -89,8 +99,10 @@ class Request:
 
     @property
     def reserved_tokens(self) -> int:
-        """Positions this request may need in the cache: prompt, output and one step's speculation."""
-        return len(self.prompt) + self.max_tokens + self.k + 33
+        """Positions this request may need in the cache: prompt, output and one step's speculation,
+        for its own sequence and each branch its strategy may add."""
+        sequences = 1 + (self.strategy.branches if self.strategy is not None else 0)
+        return sequences * (len(self.prompt) + self.max_tokens + self.k + MAX_FORCED + 1)
 
 
 @dataclass(eq=False)
@@ -108,6 +120,11 @@ class Row:
     """Keys this row's KV cache in the runner (a request submitted twice makes two rows)."""
     session: Session | None = field(default=None, repr=False)
     stops: StopStrings | None = field(default=None, repr=False)
+    program: StepProgram | None = field(default=None, repr=False)
+    """A strategy row's current step program, and the passes it waits for."""
+    pending: Passes | None = field(default=None, repr=False)
+    branches: set[Any] = field(default_factory=set, repr=False)
+    """Runner keys of the branches the program fed last."""
     result: Result | None = None
     error: BaseException | None = None
     cancelled: bool = False
@@ -232,6 +249,7 @@ class BatchEngine:
         budget = kv_budget_bytes if kv_budget_bytes is not None else default_kv_budget(runner.device)
         self.scheduler = Scheduler(max_batch_size, budget, runner.kv_bytes_per_token())
         self.stats = EngineStats()
+        self.programs = Programs(runner, lambda row, error: self._end(row, error=error))
         self._pool = ThreadPoolExecutor(mask_workers, thread_name_prefix="cdsl-mask") if mask_workers else None
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -332,6 +350,30 @@ class BatchEngine:
 
     def step(self) -> None:
         """Admit what fits, then one propose / forward / verify round over the running rows."""
+        self._admit()
+        rows: list[tuple[Row, Proposal]] = []
+        steered: list[Row] = []
+        ended: list[tuple[Row, list[int]]] = []
+        for row in list(self.scheduler.running):
+            if row.is_cancelled:
+                self._end(row, reason="cancelled")
+                continue
+            request = row.request
+            try:
+                if request.strategy is None:
+                    rows.append((row, propose(row.session, request.proposers, request.k, request.max_tokens)))
+                elif row.program is not None or (done := self.programs.begin(row)) is None:
+                    steered.append(row)
+                else:
+                    ended.append((row, done))
+            except Exception as exc:  # noqa: BLE001 - the row ends with its own error
+                self._end(row, error=exc)
+        ended += self.programs.run_drafts(steered)
+        self._forward(rows, [r for r in steered if r.program is not None])
+        for row, committed in ended:
+            self._after_commit(row, committed)
+
+    def _admit(self) -> None:
         with self._lock:
             dropped = [r for r in self.scheduler.waiting if r.is_cancelled]
             for row in dropped:
@@ -344,39 +386,42 @@ class BatchEngine:
                 self._start(row)
             except Exception as exc:  # noqa: BLE001 - a row that cannot start ends alone, with its error
                 self._end(row, error=exc)
-        rows: list[tuple[Row, Proposal]] = []
-        for row in list(self.scheduler.running):
-            if row.is_cancelled:
-                self._end(row, reason="cancelled")
-                continue
-            request = row.request
-            try:
-                proposal = propose(row.session, request.proposers, request.k, request.max_tokens)
-            except Exception as exc:  # noqa: BLE001 - the row ends with its own error
-                self._end(row, error=exc)
-                continue
-            rows.append((row, proposal))
-        if not rows:
-            return
-        if self.width is not None:
+
+    def _forward(self, rows: list[tuple[Row, Proposal]], steered: list[Row]) -> None:
+        """One target forward for the proposing ``rows`` and the ``steered`` rows' program feeds."""
+        if self.width is not None and rows:
             width = self.width.choose([p for _, p in rows])
             for row, proposal in rows:
                 truncate(row.session, proposal, width - 1)
         feeds = [Feed(r.row_id, r.session.sequence + p.tokens, len(p.tokens) + 1) for r, p in rows]
+        program_feeds = [self.programs.target_feeds(row) for row in steered]
+        if not feeds and not steered:
+            return
         mask_before = sum(r.session.state.mask_seconds for r, _ in rows)
         pending = self._masks_async(rows)
         started = time.perf_counter()
-        logits = self.runner.run(feeds)
+        logits = self.runner.run(feeds + [f for row_feeds in program_feeds for f in row_feeds])
         forward = time.perf_counter() - started
         if self.width is not None:
             self.width.observe_pass(self.runner.last_positions, forward - self.runner.last_prefill_seconds)
         masks_ok = self._wait_masks(rows, pending, mask_before)
         self.stats.steps += 1
-        self.stats.rows_stepped += len(rows)
-        self.stats.positions += sum(len(p.tokens) + 1 for _, p in rows)
+        self.stats.rows_stepped += len(rows) + len(steered)
+        self.stats.positions += sum(self.runner.last_fed.values())
         self.stats.forward_seconds += forward
         self.stats.prefill_seconds += self.runner.last_prefill_seconds
-        rows_logits = [(r, p, lg) for (r, p), lg, ok in zip(rows, logits, masks_ok, strict=True) if ok]
+        offset = len(rows)
+        for row, row_feeds in zip(steered, program_feeds, strict=True):
+            part, offset = logits[offset:offset + len(row_feeds)], offset + len(row_feeds)
+            self._count_pass(row, sum(self.runner.last_fed[f.row] for f in row_feeds), forward)
+            try:
+                committed = self.programs.deliver(row, part)
+            except Exception as exc:  # noqa: BLE001
+                self._end(row, error=exc)
+                continue
+            if committed is not None:
+                self._after_commit(row, committed)
+        rows_logits = [(r, p, lg) for (r, p), lg, ok in zip(rows, logits[:len(rows)], masks_ok, strict=True) if ok]
         if rows_logits:
             self._commit_all(rows_logits, forward)
 
@@ -384,9 +429,9 @@ class BatchEngine:
         request = row.request
         row.started_at = time.perf_counter()
         row.stops = StopStrings(request.stop) if request.stop else None
-        row.session = Session(list(request.prompt), request.compiled, request.compiled.new_state(), None,
-                              request.params, request.params.generator(self.runner.device), DecodeStats())
-        row.session.max_tokens = request.max_tokens
+        row.session = Session(list(request.prompt), request.compiled, request.compiled.new_state(), request.params,
+                              request.params.generator(self.runner.device), DecodeStats(),
+                              max_tokens=request.max_tokens)
 
     def _masks_async(self, rows: list[tuple[Row, Proposal]]) -> list[Any]:
         if self._pool is None:
@@ -429,32 +474,28 @@ class BatchEngine:
         for row, proposal, row_logits in rows:
             span = slice(offset, offset + len(row_logits))
             offset += len(row_logits)
-            self._count_pass(row, proposal, forward)
+            self._count_pass(row, len(proposal.tokens) + 1, forward)
             try:
-                committed, stopped = self._commit_row(row, proposal, masked[span], choices[span])
+                committed = self._commit_row(row, proposal, masked[span], choices[span])
             except Exception as exc:  # noqa: BLE001
                 self._end(row, error=exc)
                 continue
-            if stopped:
-                self._end(row, reason="stop_string")
-            elif not committed:
-                self._end(row, reason="constraint_dead_end")
-            elif row.session.state.finished or len(row.session.output) >= row.request.max_tokens:
-                self._end(row)
+            self._after_commit(row, committed)
 
-    def _count_pass(self, row: Row, proposal: Proposal, forward: float) -> None:
+    def _count_pass(self, row: Row, positions: int, forward: float) -> None:
+        """Count a target pass ``row`` took part in with ``positions`` of its own (and, the first
+        time, its prefill as a pass of its own)."""
         stats, prompt = row.session.stats, row.request.prompt
-        if stats.target_passes == 0 and len(prompt) > 1:  # this row's prefill pass
+        if stats.target_passes == 0 and len(prompt) > 1:
             stats.target_passes += 1
             stats.target_positions += len(prompt) - 1
             stats.prefill_seconds = self.runner.last_prefill_seconds
         stats.target_passes += 1
         stats.target_seconds += forward
-        stats.target_positions += len(proposal.tokens) + 1
+        stats.target_positions += positions
 
-    def _commit_row(self, row: Row, proposal: Proposal, masked: torch.Tensor,
-                    choices: list[int]) -> tuple[list[int], bool]:
-        """Verify and commit one row's proposal; its committed tokens and whether a stop string ended it."""
+    def _commit_row(self, row: Row, proposal: Proposal, masked: torch.Tensor, choices: list[int]) -> list[int]:
+        """Verify and commit one row's proposal; its committed tokens."""
         session, request = row.session, row.request
         accepted_before = session.stats.accepted
         committed = commit(session, proposal, masked, choices)
@@ -464,17 +505,35 @@ class BatchEngine:
         if committed and request.logprobs is not None:
             session.logprobs = (session.logprobs or []) + token_logprobs(
                 masked, committed, session.params, request.logprobs, session.compiled.vocabulary)
-        stopped = bool(committed) and row.stops is not None and row.stops.end(session)
-        if committed and request.on_tokens is not None:
-            request.on_tokens(committed)
-        return committed, stopped
+        return committed
+
+    def _after_commit(self, row: Row, committed: list[int]) -> None:
+        """What follows every commit: stop strings, the caller's callback, and the row's end
+        (stop string, dead end, the constraint finished, or the token budget spent)."""
+        session = row.session
+        try:
+            stopped = bool(committed) and row.stops is not None and row.stops.end(session)
+            if committed and row.request.on_tokens is not None:
+                row.request.on_tokens(committed)
+        except Exception as exc:  # noqa: BLE001
+            self._end(row, error=exc)
+            return
+        if stopped:
+            self._end(row, reason="stop_string")
+        elif not committed:
+            self._end(row, reason="constraint_dead_end")
+        elif session.state.finished or len(session.output) >= row.request.max_tokens:
+            self._end(row)
 
     def _end(self, row: Row, *, reason: str | None = None, error: BaseException | None = None) -> None:
         """Take ``row`` out of the batch with its Result or error."""
         with self._lock:
             if row in self.scheduler.running:
                 self.scheduler.running.remove(row)
+        if row.done:
+            return
         self.runner.release(row.row_id)
+        self.programs.release(row)
         if error is not None:
             row.error = error
         elif row.session is None and reason == "cancelled":  # cancelled before it started: nothing decoded
@@ -490,6 +549,31 @@ class BatchEngine:
             except Exception as exc:  # noqa: BLE001 - e.g. a value that fails to parse: the row's error
                 row.error = exc
         row._done.set()
+
+
+def decode(target: ModelRunner, compiled: CompiledConstraint, prompt: Sequence[int], *,
+           proposers: Sequence[Proposer] = (), k: int = 4, max_tokens: int = 256, params: SamplingParams | None = None,
+           on_tokens: Callable[[list[int]], None] | None = None, strategy: Strategy | None = None,
+           cancel: threading.Event | None = None) -> Result:
+    """Decode one sequence: a batch of one on an engine of its own, in this thread.
+
+    ``proposers`` speculate (``k`` tokens per step at most, forced tokens up to ``MAX_FORCED``
+    more); ``strategy`` steps the row instead (CDLH, CDSL). ``on_tokens`` receives each step's
+    committed tokens; ``cancel``, once set, ends it at the next step (``finish_reason="cancelled"``).
+    The passes are added to ``target``'s counters.
+    """
+    request = Request(tuple(prompt), compiled, params or SamplingParams(), max_tokens, tuple(proposers), k,
+                      on_tokens, cancel_event=cancel, strategy=strategy)
+    runner = BatchRunner(target.model, target.name, prefix_cache_bytes=0)
+    engine = BatchEngine(runner, max_batch_size=1, kv_budget_bytes=float("inf"), mask_workers=0,
+                         adaptive_width=False)
+    try:
+        return engine.run([request])[0]
+    finally:
+        engine.close()
+        target.passes += runner.passes
+        target.positions += runner.positions
+        target.seconds += runner.seconds
 
 
 def default_kv_budget(device: Any) -> float:

@@ -1,12 +1,13 @@
 """Reward-steered decoding with lookaheads: CDLH and CDSL (arXiv 2412.10418).
 
-Both are strategies for the shared step loop, keep every hard constraint (all tokens come from
+Both are strategies the batched engine steps (``decoding.strategy``), keep every hard constraint (all tokens come from
 masked distributions and advance the one constraint state) and count what they cost.
 
 - ``CDLH``: at each step the top-k masked target candidates are each extended by a d-token
   greedy roll-out with the target (the k roll-outs run as one batch), scored
   ``log p(candidate) + lam * reward(text with candidate and roll-out)``; the best candidate is
-  committed. d batched target passes per token.
+  committed. The k roll-outs are rows of the engine's batch (branches of the sequence's cache):
+  d target passes per token, each shared with every other row of the batch.
 - ``CDSL``: the draft writes a d-token lookahead under the constraint; one target pass verifies
   it (acceptance ``a``: the fraction the target's greedy choice agrees with) and the reward
   scores the text with the lookahead (``r``). ``a >= a_t`` and ``r >= r_t``: keep the verified
@@ -18,9 +19,8 @@ masked distributions and advance the one constraint state) and count what they c
 from __future__ import annotations
 
 import math
-import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,20 +28,12 @@ import torch
 
 from ..constraints import CompiledConstraint, ConstraintState
 from ..constraints.mask import allocate_bitmask, allowed_tokens, apply_bitmask
+from ..models.batch import Feed
 from ..models.runner import ModelRunner
 from ..rewards.base import Reward, as_reward
-from .loop import (
-    MAX_FORCED,
-    Proposal,
-    Proposer,
-    Session,
-    draft_pass,
-    fill_deferred_masks,
-    forced_proposer,
-    mask_positions,
-    verify,
-)
+from .loop import MAX_FORCED, Proposal, Proposer, Session, fill_deferred_masks, forced_proposer, mask_positions, verify
 from .sampling import choose, distribution, masked_logits
+from .strategy import MAIN, Passes, StepProgram
 
 CDSL_STATES = ("accept", "reject_acceptance", "reject_reward", "reject_both")
 _WORD_OPENERS = "\"'([{"
@@ -75,10 +67,17 @@ class CDLH:
             raise ValueError(f"lam must be >= 0, got {self.lam}")
         self.reward = as_reward(self.reward)
 
-    def __call__(self, session: Session, logits: torch.Tensor | None = None) -> list[int]:
+    @property
+    def branches(self) -> int:
+        """Roll-out rows a step adds beside the sequence's own."""
+        return self.k if self.d > 0 else 0
+
+    def steps(self, session: Session, logits: torch.Tensor | None = None) -> StepProgram:
+        """One CDLH step: the target's logits at the next position (``logits``, or one pass), the
+        top-k candidates' roll-outs, and the best candidate committed."""
         state = session.state
         if logits is None:
-            logits = session.target.run(session.sequence, keep=1)[-1]
+            logits = (yield Passes.target(Feed(MAIN, session.sequence)))[0][-1]
         masked = apply_bitmask(logits.clone(), session.current_mask())
         logp = torch.log_softmax(masked, dim=-1)
         finite = int(torch.isfinite(logp).sum())
@@ -86,7 +85,7 @@ class CDLH:
             return []
         top = torch.topk(logp, min(self.k, finite))
         candidates = [int(t) for t in top.indices]
-        rollouts, ended = greedy_rollouts(session, session.target, session.sequence, candidates, self.d)
+        rollouts, ended = yield from greedy_rollouts(session, candidates, self.d)
         best, best_score = candidates[0], -float("inf")
         for candidate, lp, rollout, end in zip(candidates, top.values.tolist(), rollouts, ended, strict=True):
             tokens = session.output + [candidate] + rollout
@@ -98,12 +97,11 @@ class CDLH:
         return [best]
 
 
-def greedy_rollouts(session: Session, runner: ModelRunner, sequence: list[int], candidates: list[int],
-                    d: int) -> tuple[list[list[int]], list[bool]]:
-    """Greedy masked ``d``-token continuations by ``runner`` of every candidate next token after
-    ``sequence`` (whose constraint state is ``session.state``), one batched pass per position,
-    and whether each continuation ends the output. The runner's counters include the passes."""
-    vocab = session.compiled.vocabulary
+def greedy_rollouts(session: Session, candidates: list[int], d: int) -> StepProgram:
+    """Greedy masked ``d``-token continuations by the target of every candidate next token after
+    the session's sequence, and whether each ends the output: a program of ``d`` target passes,
+    each roll-out a branch of the sequence's cache (local key ``("rollout", i)``); a roll-out that
+    ends or meets a dead end is fed no further."""
     if d == 0:
         return [[] for _ in candidates], [output_ended(session, c) for c in candidates]
     states = []
@@ -111,54 +109,25 @@ def greedy_rollouts(session: Session, runner: ModelRunner, sequence: list[int], 
         twin = session.state.copy()
         twin.advance(candidate)
         states.append(twin)
-    if not runner.hold(sequence):
-        runner.run(sequence, keep=1)  # cache exactly the sequence
-    cache = _repeated_rows(runner.cache, len(candidates))
     rollouts: list[list[int]] = [[] for _ in candidates]
-    feed = list(candidates)
     row = allocate_bitmask(session.compiled.vocab_size)
+    prefix = session.sequence
     for _ in range(d):
-        if all(s.finished for s in states):
+        live = [i for i, s in enumerate(states) if not s.finished]
+        if not live:
             break
-        logits, cache = _batched_pass(runner, cache, feed)
-        for i in range(len(candidates)):
-            if states[i].finished:
-                feed[i] = vocab.eos_token_id
-                continue
+        logits = yield Passes(tuple(Feed(("rollout", i), prefix + [candidates[i]] + rollouts[i], parent=MAIN)
+                                    for i in live))
+        for i, row_logits in zip(live, logits, strict=True):
             states[i].fill_mask(row)
-            choice = apply_bitmask(logits[i].clone(), row)
+            choice = apply_bitmask(row_logits[-1].clone(), row)
             if not torch.isfinite(choice).any():
-                states[i].finished = True
-                feed[i] = vocab.eos_token_id
+                states[i].finished = True  # a dead end: the roll-out ends here
                 continue
             token = int(torch.argmax(choice))
             states[i].advance(token)
             rollouts[i].append(token)
-            feed[i] = token
     return rollouts, [state_ended(s, session.compiled) for s in states]
-
-
-def _repeated_rows(cache: Any, repeats: int) -> Any:
-    """A new cache holding the row of ``cache`` ``repeats`` times; the runner's own cache is left as it
-    is, so the roll-outs need no copy of it (the repeat is the only copy)."""
-    from transformers import DynamicCache
-
-    rows = DynamicCache()
-    for index, layer in enumerate(cache.layers):
-        rows.update(layer.keys.repeat_interleave(repeats, 0), layer.values.repeat_interleave(repeats, 0), index)
-    return rows
-
-
-@torch.inference_mode()
-def _batched_pass(runner: ModelRunner, cache: Any, feed: list[int]) -> tuple[torch.Tensor, Any]:
-    """One token per row through ``runner``'s model on a batched copy of its cache (counted)."""
-    start = time.perf_counter()
-    out = runner.model(input_ids=torch.tensor(feed, device=runner.device).unsqueeze(1), past_key_values=cache,
-                       use_cache=True)
-    runner.passes += 1
-    runner.positions += len(feed)
-    runner.seconds += time.perf_counter() - start
-    return out.logits[:, -1].float(), out.past_key_values
 
 
 class SuggestedWords:
@@ -207,7 +176,7 @@ class GuidedDraft:
 
     name = "guided-draft"
 
-    def __init__(self, runner: ModelRunner, reward: Reward | Any, k: int = 5, lam: float = 20.0,
+    def __init__(self, draft: ModelRunner | Any, reward: Reward | Any, k: int = 5, lam: float = 20.0,
                  optimism: float = 0.5, suggest: bool = True, stop_below: float = 0.5) -> None:
         _check_unit("optimism", optimism)
         _check_unit("stop_below", stop_below)
@@ -215,14 +184,17 @@ class GuidedDraft:
             raise ValueError(f"k must be >= 1, got {k}")
         if lam < 0:
             raise ValueError(f"lam must be >= 0, got {lam}")
-        self.runner, self.reward, self.k, self.lam = runner, as_reward(reward), k, lam
+        self.model = draft.model if isinstance(draft, ModelRunner) else draft
+        self.reward, self.k, self.lam = as_reward(reward), k, lam
         self.optimism, self.suggest, self.stop_below = optimism, suggest, stop_below
         self._words = SuggestedWords(self.reward)
 
-    def propose(self, session: Session, proposal: Proposal, budget: int) -> None:
+    def steps(self, session: Session, proposal: Proposal, budget: int) -> Generator[Passes, list[torch.Tensor], None]:
+        """Extend ``proposal`` by up to ``budget`` tokens (advancing the state): a program of one
+        draft pass per step, which the engine batches with the other rows drafting on the model."""
         end = len(proposal.tokens) + budget
         while len(proposal.tokens) < end:
-            logits = draft_pass(session, self.runner, proposal.tokens)
+            logits = (yield Passes.on_draft(self.model, session.sequence + proposal.tokens))[0][-1]
             mask = session.current_mask()
             logp = torch.log_softmax(masked_logits(logits, mask), dim=-1)
             finite = int(torch.isfinite(logp).sum())
@@ -278,8 +250,9 @@ class CDSL:
     usually wants a lower ``reward_threshold`` (0.99 sends most steps to the fallback).
     """
 
-    draft: Proposer | ModelRunner
-    """A proposer, or a draft model's runner, which is then guided by the reward (``GuidedDraft``)."""
+    draft: Proposer | GuidedDraft | ModelRunner
+    """A ``GuidedDraft``, a draft model's runner (then guided by the reward in a ``GuidedDraft``),
+    or any proposer (prompt lookup, a draft model proposer with its own cache)."""
     reward: Reward | Any
     d: int = 6
     acceptance_threshold: float = 0.5
@@ -320,17 +293,28 @@ class CDSL:
             self.cdlh = CDLH(self.reward)
         self._forced: Proposer = forced_proposer()
 
-    def __call__(self, session: Session) -> list[int]:
+    @property
+    def branches(self) -> int:
+        """Roll-out rows a fallback step adds beside the sequence's own."""
+        return self.cdlh.branches if self.fallback == "cdlh" else 0
+
+    def steps(self, session: Session) -> StepProgram:
+        """One CDSL step: the lookahead (draft passes), one target pass verifying it, and the
+        commit of its state (a fallback CDLH step adds its roll-out passes)."""
         proposal = Proposal()
         room = session.max_tokens - len(session.output) - 1
         if room > 0:
             self._forced.propose(session, proposal, min(room, MAX_FORCED))
-            if not session.state.finished and room - len(proposal.tokens) > 0:
-                self.draft.propose(session, proposal, min(self.d, room - len(proposal.tokens)))
+            budget = min(self.d, room - len(proposal.tokens))
+            if not session.state.finished and budget > 0:
+                if isinstance(self.draft, GuidedDraft):
+                    yield from self.draft.steps(session, proposal, budget)
+                else:
+                    self.draft.propose(session, proposal, budget)
         proposal.masks.append(None)
         session.stats.proposed += len(proposal.tokens)
         tokens, drafted = proposal.tokens, len(proposal.tokens)
-        logits = session.target.run(session.sequence + tokens, keep=drafted + 1)
+        logits = (yield Passes.target(Feed(MAIN, session.sequence + tokens, drafted + 1)))[0]
         fill_deferred_masks(session, proposal)
         masked = mask_positions(logits, proposal.masks)
         ends = state_ended(session.state, session.compiled)
@@ -365,7 +349,7 @@ class CDSL:
         if self.fallback == "target":
             chosen = self._target_token(session, masked[keep], allow_ending=True)
         else:
-            chosen = self.cdlh(session, logits[keep])
+            chosen = yield from self.cdlh.steps(session, logits[keep])
         return tokens[:keep] + chosen
 
     def _steer_holds(self, proposal: Proposal, masked: torch.Tensor, index: int) -> bool:

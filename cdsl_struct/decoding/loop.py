@@ -1,18 +1,17 @@
-"""The one step loop every decoder shares.
+"""The pieces of one decoding step of a sequence, which the batched engine runs for every row.
 
 Each step: proposers (the grammar's forced tokens, prompt lookup, a draft model) may speculate
-tokens, advancing the shared constraint state and recording the mask of every position; the
-target scores all proposed positions plus one more in a single pass; the verifier accepts a
-prefix (greedy argmax match or rejection sampling), rolls the state back past the rejected
-tail and commits one target-chosen token. With no proposer this is plain target decoding.
+tokens, advancing the shared constraint state and recording the mask of every position
+(``propose``); the target scores all proposed positions plus one more in a single pass (the
+engine's forward); the verifier accepts a prefix (greedy argmax match or rejection sampling),
+rolls the state back past the rejected tail and commits one target-chosen token (``commit``).
+With no proposer this is plain target decoding.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -65,13 +64,11 @@ class Proposer(Protocol):
 
 @dataclass
 class Session:
-    """One sequence being decoded: prompt, committed output, state, runners, counters."""
+    """One sequence being decoded: prompt, committed output, state, sampling, counters."""
 
     prompt: list[int]
     compiled: CompiledConstraint
     state: ConstraintState
-    target: ModelRunner | None
-    """The target's runner for strategies that run their own passes (CDLH, CDSL); None in a batch."""
     params: SamplingParams
     generator: torch.Generator
     stats: DecodeStats
@@ -135,69 +132,6 @@ def forced_proposer() -> Proposer:
                 session.stats.forced += 1
 
     return Forced()
-
-
-def decode(
-    target: ModelRunner,
-    compiled: CompiledConstraint,
-    prompt: Sequence[int],
-    *,
-    proposers: Sequence[Proposer] = (),
-    k: int = 4,
-    max_tokens: int = 256,
-    params: SamplingParams | None = None,
-    on_tokens: Callable[[list[int]], None] | None = None,
-    strategy: Callable[[Session], list[int]] | None = None,
-    cancel: threading.Event | None = None,
-) -> Result:
-    """Decode under ``compiled`` with the target verifying what ``proposers`` speculate.
-
-    ``k`` bounds the tokens proposed per step (forced tokens may add up to ``MAX_FORCED`` more).
-    ``on_tokens`` receives each step's newly committed tokens (streaming). ``strategy``
-    replaces the propose-and-verify step (CDLH, CDSL); it commits tokens and returns them.
-    ``cancel``: once set, decoding ends before the next step with ``finish_reason="cancelled"``.
-    """
-    if k < 0:
-        raise ValueError(f"k must be >= 0, got {k}")
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-    params = params or SamplingParams()
-    started = time.perf_counter()
-    state = compiled.new_state()
-    session = Session(list(prompt), compiled, state, target, params, params.generator(target.device), DecodeStats())
-    target.reset()
-    target_before = (target.passes, target.positions, target.seconds)
-    if len(session.prompt) > 1:
-        target.run(session.prompt[:-1], keep=1)  # prefill; the last prompt token goes with step 1
-    session.stats.prefill_seconds = time.perf_counter() - started
-
-    dead_end = cancelled = False
-    while not state.finished and len(session.output) < max_tokens:
-        if cancel is not None and cancel.is_set():
-            cancelled = True
-            break
-        session.max_tokens = max_tokens
-        committed = strategy(session) if strategy else step(session, proposers, k, max_tokens)
-        if not committed:
-            dead_end = True
-            break
-        if on_tokens is not None:
-            on_tokens(committed)
-
-    stats = session.stats
-    stats.target_passes = target.passes - target_before[0]
-    stats.target_positions = target.positions - target_before[1]
-    stats.target_seconds = target.seconds - target_before[2]
-    stats.decode_seconds = time.perf_counter() - started - stats.prefill_seconds
-    return finish(session, dead_end, cancelled=cancelled)
-
-
-def step(session: Session, proposers: Sequence[Proposer], k: int, max_tokens: int) -> list[int]:
-    """Propose, verify in one target pass, commit. Returns the committed tokens ([] = dead end)."""
-    proposal = propose(session, proposers, k, max_tokens)
-    logits = session.target.run(session.sequence + proposal.tokens, keep=len(proposal.tokens) + 1)
-    fill_deferred_masks(session, proposal)
-    return commit(session, proposal, mask_positions(logits, proposal.masks))
 
 
 def propose(session: Session, proposers: Sequence[Proposer], k: int, max_tokens: int) -> Proposal:

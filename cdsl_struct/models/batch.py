@@ -35,11 +35,16 @@ COMPACT_SLACK = 32
 
 @dataclass
 class Feed:
-    """What a row wants from one step: logits of the last ``keep`` positions of ``sequence``."""
+    """What a row wants from one step: logits of the last ``keep`` positions of ``sequence``.
+
+    ``parent``: a row this one starts from when it is new (its cache is copied, not prefilled):
+    how a decoder branches one sequence into several, e.g. CDLH's roll-outs of each candidate.
+    """
 
     row: Hashable
     sequence: list[int]
     keep: int = 1
+    parent: Hashable | None = None
 
 
 class BatchRunner:
@@ -70,6 +75,8 @@ class BatchRunner:
         self.seconds = 0.0
         self.last_prefill_seconds = 0.0
         self.last_positions = 0  # padded positions of the last step's pass (prefill excluded)
+        self.last_fed: dict[Hashable, int] = {}  # real positions each row fed in the last run's step pass
+        self.last_prefilled: dict[Hashable, int] = {}  # positions the last run prefilled for its new rows
 
     # --- state --------------------------------------------------------------------------------
 
@@ -113,6 +120,23 @@ class BatchRunner:
         self.valid = self.valid[keep]
         self._trim_left()
 
+    def fork(self, pairs: Sequence[tuple[Hashable, Hashable]]) -> None:
+        """Add a row per ``(parent, child)`` pair holding a copy of the parent's cache (its tokens,
+        keys and values at the same physical positions)."""
+        for _, child in pairs:
+            if child in self.slots:
+                raise CdslError(f"row {child!r} already exists")
+        indices = [self.order.index(parent) for parent, _ in pairs]
+        chosen = torch.tensor(indices, device=self.device)
+        for layer in self.cache.layers:
+            layer.keys = torch.cat([layer.keys, layer.keys.index_select(0, chosen)])
+            layer.values = torch.cat([layer.values, layer.values.index_select(0, chosen)])
+        self.valid = torch.cat([self.valid, self.valid[indices]])
+        for parent, child in pairs:
+            self.order.append(child)
+            self.slots[child] = list(self.slots[parent])
+            self.tokens[child] = list(self.tokens[parent])
+
     def crop(self, row: Hashable, length: int) -> None:
         """Keep only the first ``length`` tokens of ``row`` (the rest become holes)."""
         slots = self.slots[row]
@@ -140,8 +164,12 @@ class BatchRunner:
         for feed in feeds:
             if feed.keep < 1 or len(feed.sequence) < feed.keep:
                 raise CdslError(f"row {feed.row!r}: keep must be in [1, len(sequence)]")
+        forks = [f for f in feeds if f.row not in self.slots and f.parent in self.slots]
+        if forks:
+            self.fork([(f.parent, f.row) for f in forks])
         new = [f for f in feeds if f.row not in self.slots]
         self.last_prefill_seconds = 0.0
+        self.last_prefilled = {f.row: len(f.sequence) - f.keep for f in new}
         if new:
             started = time.perf_counter()
             self._prefill(new)
@@ -159,6 +187,7 @@ class BatchRunner:
         keep = max(f.keep for f in feeds)
         logits = self._forward([tails.get(row, []) for row in self.order], width, keep)
         self.last_positions = self.rows * width
+        self.last_fed = {row: len(tail) for row, tail in tails.items()}
         result = []
         for feed in feeds:
             index = self.order.index(feed.row)

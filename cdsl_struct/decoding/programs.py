@@ -1,0 +1,127 @@
+"""Rows stepped by a strategy's program (CDLH, CDSL): the engine's side of ``decoding.strategy``.
+
+``Programs`` starts each such row's step program, runs the draft passes the programs ask for (one
+batched forward per draft model over every row drafting on it, repeated until no row waits for a
+draft pass) and turns what they ask of the target into feeds of the engine's one target forward,
+then hands each row its logits back. A row's local keys become keys of the shared runners: its
+own sequence is its ``row_id``, a branch ``(row_id, local key)``. Branches live within one step:
+those a pass no longer feeds, and all of them once the step returns, are released.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import torch
+
+from ..models.batch import BatchRunner, Feed
+from .strategy import MAIN, Passes
+
+#: prompt prefixes a draft runner keeps (the draft is small; its prefills are cheap to redo)
+DRAFT_PREFIX_CACHE_BYTES = 64 * 2**20
+
+
+def _key(row: Any, local: Hashable) -> Hashable:
+    return row.row_id if local is MAIN else (row.row_id, local)
+
+
+def _engine_feeds(row: Any, passes: Passes) -> list[Feed]:
+    return [Feed(_key(row, f.row), f.sequence, f.keep, None if f.parent is None else _key(row, f.parent))
+            for f in passes.feeds]
+
+
+class Programs:
+    """The step programs of the engine's strategy rows, and the draft runners they share.
+
+    ``fail(row, error)`` ends a row whose program raised (that row only)."""
+
+    def __init__(self, target: BatchRunner, fail: Callable[[Any, BaseException], None]) -> None:
+        self.target = target
+        self.fail = fail
+        self.drafts: dict[int, BatchRunner] = {}
+
+    def begin(self, row: Any) -> list[int] | None:
+        """Start the row's next step; its committed tokens if the step ended at once, else None."""
+        row.program = row.request.strategy.steps(row.session)
+        return self._send(row, None)
+
+    def run_drafts(self, rows: Sequence[Any]) -> list[tuple[Any, list[int]]]:
+        """Run the draft passes ``rows`` ask for, batched per draft model, until none asks for one;
+        the rows whose step ended meanwhile, with their committed tokens."""
+        ended = []
+        while True:
+            drafting = [r for r in rows if r.program is not None and r.pending.draft is not None]
+            if not drafting:
+                return ended
+            groups: dict[int, list[Any]] = {}
+            for row in drafting:
+                groups.setdefault(id(row.pending.draft), []).append(row)
+            for group in groups.values():
+                ended += self._draft_pass(group)
+
+    def target_feeds(self, row: Any) -> list[Feed]:
+        """What ``row`` asks of the engine's next target forward (releasing branches it stopped feeding)."""
+        feeds = _engine_feeds(row, row.pending)
+        fed = {f.row for f in feeds}
+        self._release_branches(row, keep=fed)
+        row.branches = {key for key in fed if key != row.row_id}
+        return feeds
+
+    def deliver(self, row: Any, logits: list[torch.Tensor]) -> list[int] | None:
+        """Hand ``row`` the logits of its target feeds; its committed tokens if its step ended, else None."""
+        return self._send(row, logits)
+
+    def release(self, row: Any) -> None:
+        """Forget every cache ``row`` holds here (it has ended)."""
+        if row.program is not None:
+            row.program.close()
+            row.program = row.pending = None
+        self._release_branches(row, keep=set())
+        for runner in self.drafts.values():
+            runner.release(row.row_id)
+
+    def _send(self, row: Any, value: list[torch.Tensor] | None) -> list[int] | None:
+        try:
+            row.pending = row.program.send(value)
+        except StopIteration as stop:
+            row.program = row.pending = None
+            self._release_branches(row, keep=set())
+            return list(stop.value or [])
+        if not isinstance(row.pending, Passes) or not row.pending.feeds:
+            raise TypeError(f"a step program must yield Passes with at least one feed, got {row.pending!r}")
+        return None
+
+    def _draft_pass(self, rows: list[Any]) -> list[tuple[Any, list[int]]]:
+        model = rows[0].pending.draft
+        runner = self.drafts.get(id(model))
+        if runner is None:
+            runner = self.drafts[id(model)] = BatchRunner(model, "draft", self.target.pad_token_id,
+                                                          prefix_cache_bytes=DRAFT_PREFIX_CACHE_BYTES)
+        feeds = [_engine_feeds(row, row.pending) for row in rows]
+        started = time.perf_counter()
+        logits = runner.run([f for row_feeds in feeds for f in row_feeds])
+        seconds = time.perf_counter() - started
+        ended, offset = [], 0
+        for row, row_feeds in zip(rows, feeds, strict=True):
+            part, offset = logits[offset:offset + len(row_feeds)], offset + len(row_feeds)
+            stats = row.session.stats
+            stats.draft_passes += 1
+            stats.draft_positions += sum(runner.last_fed[f.row] + runner.last_prefilled.get(f.row, 0)
+                                         for f in row_feeds)
+            stats.draft_seconds += seconds
+            try:
+                committed = self._send(row, part)
+            except Exception as exc:  # noqa: BLE001 - the row ends with its own error
+                self.fail(row, exc)
+                continue
+            if committed is not None:
+                ended.append((row, committed))
+        return ended
+
+    def _release_branches(self, row: Any, keep: set[Hashable]) -> None:
+        for key in list(row.branches):
+            if key not in keep:
+                self.target.release(key)
+                row.branches.discard(key)
