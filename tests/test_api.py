@@ -145,33 +145,39 @@ def test_keywords_with_a_schema_give_valid_json(gen):
     jsonschema.validate(result.value, schema)
 
 
-def test_keyword_requests_are_cancelled_while_decoding_and_while_waiting_their_turn(gen):
-    """CDLH/CDSL decode one sequence at a time; a cancelled one stops within a step, and one
-    waiting for its turn stops waiting (a server's deadline or a client gone)."""
+def _row_ids(runner):
+    """The engine rows whose keys (own sequence or branch) the target runner holds."""
+    return {key[0] if isinstance(key, tuple) else key for key in list(runner.order)}
+
+
+def test_keyword_requests_decode_together_and_a_cancelled_one_frees_its_rows(gen):
+    """CDLH rows are rows of the engine's batch: two run at once, and cancelling one ends it at
+    the next step and frees its own and its roll-outs' cache rows, while the other goes on."""
     from concurrent.futures import ThreadPoolExecutor
 
-    running, waiting = threading.Event(), threading.Event()
-    kwargs = dict(keywords=["dog", "ball"], max_tokens=200, method="cdlh")
+    first, second = threading.Event(), threading.Event()
+    kwargs = dict(keywords=["dog", "ball"], max_tokens=200, method="cdlh", stream=False)
     with ThreadPoolExecutor(2) as pool:
         try:
-            busy = pool.submit(lambda: gen.generate("Write a long story about a dog.", cancel=running,
-                                                    stream=False, **kwargs))
-            deadline = time.monotonic() + 30
-            while not gen._solo_lock.locked():  # the first holds the target...
-                assert time.monotonic() < deadline
+            a = pool.submit(lambda: gen.generate("Write a long story about a dog.", cancel=first, **kwargs))
+            b = pool.submit(lambda: gen.generate("Write a long story about a ball.", cancel=second, **kwargs))
+            deadline = time.monotonic() + 60
+            while len(_row_ids(gen.engine.runner)) < 2:  # both decoding at once (no lock serialises them)
+                assert time.monotonic() < deadline and not (a.done() or b.done())
                 time.sleep(0.01)
-            stream = gen.generate("Write about a ball.", cancel=waiting, stream=True, **kwargs)
-            queued = pool.submit(lambda: list(stream))  # ...the second waits for it
-            time.sleep(0.5)
-            waiting.set()
-            items = queued.result(timeout=30)
-            assert items[-1].finish_reason == "cancelled" and items[-1].tokens == []
-            assert not busy.done()
+            first.set()
+            cancelled = a.result(timeout=30)
+            assert cancelled.finish_reason == "cancelled" and not cancelled.complete and cancelled.value is None
+            assert len(cancelled.tokens) < 200
+            assert len(_row_ids(gen.engine.runner)) == 1 and not b.done()  # the other row goes on alone
         finally:
-            running.set()
-        result = busy.result(timeout=60)
-    assert result.finish_reason == "cancelled" and not result.complete and result.value is None
-    assert len(result.tokens) < 200
+            first.set()
+            second.set()
+        assert b.result(timeout=60).finish_reason == "cancelled"
+    deadline = time.monotonic() + 10
+    while gen.engine.runner.order:  # every row and branch released
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
 
 
 def test_sampling_is_seeded_and_valid(gen):
