@@ -114,6 +114,16 @@ def _add_bench_parsers(commands: Any) -> None:
     soak.add_argument("--json", dest="json_out", help="write rows, samples and summary here")
     soak.add_argument("--no-progress", action="store_true")
 
+    load = bench.add_parser("keyword-load", help="keyword-constrained requests one at a time vs all at once")
+    load.add_argument("--data", required=True, help="CommonGen jsonl (concept_set per line)")
+    load.add_argument("--model", default="smollm2")
+    load.add_argument("--draft", default="auto", help="the Generator's draft (default auto)")
+    load.add_argument("--method", default="cdlh", choices=["cdlh", "cdsl"])
+    load.add_argument("--requests", type=int, default=16)
+    load.add_argument("--max-tokens", type=int, default=32)
+    load.add_argument("--split", default="report", choices=["tune", "report", "all"])
+    load.add_argument("--json", dest="json_out", help="write the report here")
+
     tools = bench.add_parser("tools", help="tool calls with client-style schemas: objects closed (default) "
                                            "vs decoded as given")
     tools.add_argument("--model", default="smollm2")
@@ -170,6 +180,16 @@ def _soak(args: argparse.Namespace) -> int:
                         server_args=tuple(args.server_arg), sample_s=args.sample_s)
     report = run_soak(config, progress=not args.no_progress)
     return _report(report, format_soak_table(report), args.json_out)
+
+
+def _keyword_load(args: argparse.Namespace) -> int:
+    from .bench.keyword_load import KeywordLoadConfig, format_keyword_table, run_keyword_load
+
+    config = KeywordLoadConfig(data=args.data, model=args.model, draft=None if args.draft == "none" else args.draft,
+                               method=args.method, requests=args.requests, max_tokens=args.max_tokens,
+                               split=args.split)
+    report = run_keyword_load(config)
+    return _report(report, format_keyword_table(report), args.json_out)
 
 
 def _tools_bench(args: argparse.Namespace) -> int:
@@ -443,6 +463,7 @@ _HANDLERS: dict[tuple[str, str | None], Callable[[argparse.Namespace], int]] = {
     ("bench", "commongen"): _commongen, ("bench", "commongen-sweep"): _commongen_sweep,
     ("bench", "commongen-merge"): _commongen_merge, ("bench", "json-keywords"): _json_keywords,
     ("bench", "serve"): _serve_bench, ("bench", "soak"): _soak, ("bench", "tools"): _tools_bench,
+    ("bench", "keyword-load"): _keyword_load,
     ("bench", "steps"): _steps, ("bench", "quality"): _quality, ("bench", "fuzz-rewrite"): _fuzz_rewrite,
 }
 """What each command (and bench harness) runs."""

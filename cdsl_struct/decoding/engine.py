@@ -228,6 +228,8 @@ class EngineLoad:
     """Rows per target forward since the engine started."""
     prefix_cache_bytes: int = 0
     """Keys and values of stored prompt prefixes (bounded by the runner's ``prefix_cache_bytes``)."""
+    steps: int = 0
+    """Target forwards (batched steps) since the engine started."""
 
 
 class BatchEngine:
@@ -294,7 +296,8 @@ class BatchEngine:
             running, waiting = len(self.scheduler.running), len(self.scheduler.waiting)
         prefixes = self.runner.prefixes
         return EngineLoad(running, waiting, self.scheduler.max_batch_size,
-                          self.stats.rows_stepped / max(1, self.stats.steps), prefixes.bytes if prefixes else 0)
+                          self.stats.rows_stepped / max(1, self.stats.steps), prefixes.bytes if prefixes else 0,
+                          self.stats.steps)
 
     # --- background loop ----------------------------------------------------------------------
 
@@ -394,7 +397,8 @@ class BatchEngine:
             for row, proposal in rows:
                 truncate(row.session, proposal, width - 1)
         feeds = [Feed(r.row_id, r.session.sequence + p.tokens, len(p.tokens) + 1) for r, p in rows]
-        program_feeds = [self.programs.target_feeds(row) for row in steered]
+        idle = [r for r in self.scheduler.running if r.request.strategy is not None and r not in steered]
+        program_feeds = self.programs.target_feeds(steered, idle)
         if not feeds and not steered:
             return
         mask_before = sum(r.session.state.mask_seconds for r, _ in rows)

@@ -4,8 +4,8 @@
 batched forward per draft model over every row drafting on it, repeated until no row waits for a
 draft pass) and turns what they ask of the target into feeds of the engine's one target forward,
 then hands each row its logits back. A row's local keys become keys of the shared runners: its
-own sequence is its ``row_id``, a branch ``(row_id, local key)``. Branches live within one step:
-those a pass no longer feeds, and all of them once the step returns, are released.
+own sequence is its ``row_id``, a branch ``(row_id, local key)``. Branches live while they are
+fed: before each target forward, those the last one fed and this one does not are released.
 """
 
 from __future__ import annotations
@@ -61,12 +61,21 @@ class Programs:
             for group in groups.values():
                 ended += self._draft_pass(group)
 
-    def target_feeds(self, row: Any) -> list[Feed]:
-        """What ``row`` asks of the engine's next target forward (releasing branches it stopped feeding)."""
-        feeds = _engine_feeds(row, row.pending)
-        fed = {f.row for f in feeds}
-        self._release_branches(row, keep=fed)
-        row.branches = {key for key in fed if key != row.row_id}
+    def target_feeds(self, rows: Sequence[Any], idle: Sequence[Any] = ()) -> list[list[Feed]]:
+        """What each of ``rows`` asks of the engine's next target forward. Branches no longer fed,
+        and all of those of the strategy rows that feed nothing (``idle``), are released first, in
+        one copy of the cache (a held row costs its share of every forward, fed or not)."""
+        feeds = [_engine_feeds(row, row.pending) for row in rows]
+        stale: set[Hashable] = set()
+        for row, row_feeds in zip(rows, feeds, strict=True):
+            fed = {f.row for f in row_feeds} - {row.row_id}
+            stale |= row.branches - fed
+            row.branches = fed
+        for row in idle:
+            stale |= row.branches
+            row.branches = set()
+        if stale:
+            self.target.release(*stale)
         return feeds
 
     def deliver(self, row: Any, logits: list[torch.Tensor]) -> list[int] | None:
@@ -78,7 +87,9 @@ class Programs:
         if row.program is not None:
             row.program.close()
             row.program = row.pending = None
-        self._release_branches(row, keep=set())
+        if row.branches:
+            self.target.release(*row.branches)
+            row.branches = set()
         for runner in self.drafts.values():
             runner.release(row.row_id)
 
@@ -86,8 +97,7 @@ class Programs:
         try:
             row.pending = row.program.send(value)
         except StopIteration as stop:
-            row.program = row.pending = None
-            self._release_branches(row, keep=set())
+            row.program = row.pending = None  # its branches go at the next target_feeds
             return list(stop.value or [])
         if not isinstance(row.pending, Passes) or not row.pending.feeds:
             raise TypeError(f"a step program must yield Passes with at least one feed, got {row.pending!r}")
@@ -119,9 +129,3 @@ class Programs:
             if committed is not None:
                 ended.append((row, committed))
         return ended
-
-    def _release_branches(self, row: Any, keep: set[Hashable]) -> None:
-        for key in list(row.branches):
-            if key not in keep:
-                self.target.release(key)
-                row.branches.discard(key)

@@ -102,14 +102,15 @@ class BatchRunner:
 
     # --- rows joining and leaving -------------------------------------------------------------
 
-    def release(self, row: Hashable) -> None:
-        """Forget ``row`` and free its part of the cache."""
-        if row not in self.slots:
+    def release(self, *rows: Hashable) -> None:
+        """Forget ``rows`` (unknown ones are ignored) and free their part of the cache, in one copy."""
+        gone = {row for row in rows if row in self.slots}
+        if not gone:
             return
-        index = self.order.index(row)
-        keep = [i for i in range(self.rows) if i != index]
-        self.order.pop(index)
-        del self.slots[row], self.tokens[row]
+        keep = [i for i, row in enumerate(self.order) if row not in gone]
+        self.order = [self.order[i] for i in keep]
+        for row in gone:
+            del self.slots[row], self.tokens[row]
         if not self.order:
             self.cache, self.valid = None, torch.zeros((0, 0), dtype=torch.bool)
             return

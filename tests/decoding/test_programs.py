@@ -1,0 +1,101 @@
+"""Strategy rows on the batched engine (``decoding.programs``), on the embedded SmolLM2: CDLH and
+CDSL rows batched with each other and with plain rows decode exactly what each decodes alone,
+share target and draft forwards, and hold and free the cache rows of their roll-outs."""
+
+import re
+
+import pytest
+
+from cdsl_struct import Regex, compile
+from cdsl_struct.decoding import decode
+from cdsl_struct.decoding.engine import BatchEngine, Request
+from cdsl_struct.decoding.lookahead import CDLH, CDSL, GuidedDraft
+from cdsl_struct.decoding.strategy import MAIN, Passes
+from cdsl_struct.models.batch import BatchRunner, Feed
+from cdsl_struct.models.runner import ModelRunner, self_draft
+from cdsl_struct.prompts import prompt_ids
+from cdsl_struct.rewards import KeywordCoverage
+
+SENTENCE = r"[A-Z][a-z]+( [a-z]+){2,12}\."
+TOPICS = [["dog", "ball"], ["cook", "kitchen"], ["river", "boat"], ["snow", "child"]]
+
+
+@pytest.fixture(scope="module")
+def parts(smollm2, one_torch_thread):
+    compiled = compile(Regex(SENTENCE), smollm2.tokenizer, eos_token_ids=smollm2.eos_token_ids)
+    prompts = [prompt_ids(smollm2.tokenizer, f"Write one sentence using the words {a} and {b}.") for a, b in TOPICS]
+    draft = self_draft(smollm2.model, "layers:10")  # shares the target's weights
+    return compiled, prompts, draft
+
+
+def strategy(kind, words, draft):
+    reward = KeywordCoverage(words)
+    if kind == "cdlh":
+        return CDLH(reward, k=3, d=2)
+    if kind == "cdsl":
+        return CDSL(GuidedDraft(draft, reward), reward, d=4, cdlh=CDLH(reward, k=3, d=2))
+    return None
+
+
+def test_strategy_rows_batched_together_equal_each_alone(smollm2, parts):
+    compiled, prompts, draft = parts
+    kinds = ["cdlh", "cdsl", "cdsl", None]
+    target = ModelRunner(smollm2.model)
+    alone = [decode(target, compiled, ids, max_tokens=14, strategy=strategy(kind, words, draft))
+             for kind, words, ids in zip(kinds, TOPICS, prompts, strict=True)]
+    engine = BatchEngine(BatchRunner(smollm2.model, pad_token_id=smollm2.eos_token_ids[0]), max_batch_size=4)
+    requests = [Request(tuple(ids), compiled, max_tokens=14, strategy=strategy(kind, words, draft))
+                for kind, words, ids in zip(kinds, TOPICS, prompts, strict=True)]
+    together = engine.run(requests)
+    engine.close()
+    for kind, solo, batched in zip(kinds, alone, together, strict=True):
+        assert batched.tokens == solo.tokens, kind
+        assert batched.finish_reason in ("stop", "length")
+        if batched.complete:
+            assert re.fullmatch(SENTENCE, batched.text)
+    # the rows shared target forwards, and the two CDSL rows their draft forwards
+    assert engine.stats.steps < sum(r.stats.target_passes for r in alone)
+    draft_runner = next(iter(engine.programs.drafts.values()))
+    assert draft_runner.passes < sum(r.stats.draft_passes for r in together)
+    assert together[0].stats.target_passes == alone[0].stats.target_passes  # each row's own passes counted
+    assert not engine.runner.order  # every row and roll-out released
+
+
+def test_a_strategy_row_reserves_cache_for_its_branches(parts):
+    compiled, prompts, draft = parts
+    plain = Request(tuple(prompts[0]), compiled, max_tokens=20)
+    cdlh = Request(tuple(prompts[0]), compiled, max_tokens=20, strategy=CDLH(KeywordCoverage(["dog"]), k=5, d=3))
+    assert cdlh.reserved_tokens == 6 * plain.reserved_tokens
+    no_rollouts = Request(tuple(prompts[0]), compiled, max_tokens=20, strategy=CDLH(KeywordCoverage(["dog"]), d=0))
+    assert no_rollouts.reserved_tokens == plain.reserved_tokens
+
+
+class Failing:
+    """A strategy whose program asks for one pass, then raises."""
+
+    branches = 0
+
+    def steps(self, session):
+        yield Passes.target(Feed(MAIN, session.sequence))
+        raise RuntimeError("judging failed")
+
+
+class Misbehaving:
+    branches = 0
+
+    def steps(self, session):
+        yield "not passes"
+
+
+def test_a_failing_program_ends_its_own_row_only(smollm2, parts):
+    compiled, prompts, draft = parts
+    engine = BatchEngine(BatchRunner(smollm2.model, pad_token_id=smollm2.eos_token_ids[0]), max_batch_size=4)
+    rows = engine.run_rows([Request(tuple(prompts[0]), compiled, max_tokens=6, strategy=Failing()),
+                            Request(tuple(prompts[1]), compiled, max_tokens=6, strategy=Misbehaving()),
+                            Request(tuple(prompts[2]), compiled, max_tokens=6,
+                                    strategy=strategy("cdlh", TOPICS[2], draft))])
+    engine.close()
+    assert isinstance(rows[0].error, RuntimeError)
+    assert isinstance(rows[1].error, TypeError) and "Passes" in str(rows[1].error)
+    assert rows[2].error is None and len(rows[2].result.tokens) == 6
+    assert not engine.runner.order
