@@ -271,8 +271,8 @@ class Generator:
         if chosen.steered:
             if not params.greedy:
                 raise ValueError(f"method {chosen.value!r} decodes greedily; use temperature=0")
-            if stops or penalties.active or logprobs is not None:
-                raise ValueError(f"method {chosen.value!r} does not take stop, penalties or logprobs")
+            if penalties.active or logprobs is not None:
+                raise ValueError(f"method {chosen.value!r} does not take penalties or logprobs")
         with _argument("tools", "tool_choice"):
             calls = tool_request(tools, tool_choice, parallel_tool_calls)
         spec = _answer_spec(schema=schema, regex=regex, choices=choices, grammar=grammar)

@@ -217,7 +217,7 @@ def test_module_level_generate_reuses_one_generator(smollm2, monkeypatch):
     (dict(stop=["a", "b", "c", "d", "e"]), ValueError, "at most 4"),
     (dict(stop=[""]), ValueError, "non-empty"),
     (dict(presence_penalty=3.0), ValueError, "presence_penalty"),
-    (dict(keywords=["dog"], stop=["."]), ValueError, "does not take stop"),
+    (dict(keywords=["dog"], presence_penalty=1.0), ValueError, "does not take penalties"),
 ])
 def test_bad_inputs_raise_typed_errors(gen, kwargs, error, match):
     with pytest.raises(error, match=match):
@@ -325,6 +325,15 @@ def test_stop_string_ends_where_the_constraint_accepts(gen):
     assert digits.finish_reason == "stop" and re.fullmatch(r"( [0-9],){6}", digits.text)
     *deltas, streamed = gen.generate("1, 2, 3, 4,", chat=False, max_tokens=16, stop=["7"], stream=True)
     assert "".join(deltas) == streamed.text == free.text
+
+
+def test_keyword_rows_end_at_stop_strings_like_any_row(gen):
+    kwargs = dict(keywords=["dog", "park"], method="cdlh", max_tokens=40)
+    whole = gen.generate("Write two sentences about a dog in a park.", **kwargs)
+    assert "." in whole.text[:-1], whole.text  # more than one sentence, so a stop at "." cuts it
+    cut = gen.generate("Write two sentences about a dog in a park.", stop=["."], **kwargs)
+    assert cut.finish_reason == "stop" and "." not in cut.text
+    assert whole.text.startswith(cut.text)
 
 
 def test_penalties_change_a_repetitive_answer(gen):

@@ -6,7 +6,8 @@ a fresh ``BatchEngine`` per batch size B, all submitted at once, so B bounds the
 Per B: wall time, tokens/s, requests/s, latency p50/p99 (from the start of the run to the
 request's end, queueing included), target forward passes, the engine's counters, valid outputs
 and the share of requests whose tokens equal the B=1 run's (batch invariance; B=1 itself is
-checked against the single-sequence ``decode`` on a few requests). Beside it: the same prompts
+checked on a few requests against ``decode``, a batch of one with no adaptive width, no mask
+threads and no prefix cache). Beside it: the same prompts
 unconstrained (free text, no drafts) at the largest B, against the constrained run as served and
 with no proposers at all (masks only), ``transformers`` ``generate`` one request at a time with
 an outlines-core logits processor, and the ``outlines`` package itself (extra ``outlines``):

@@ -40,7 +40,8 @@ class Programs:
     def __init__(self, target: BatchRunner, fail: Callable[[Any, BaseException], None]) -> None:
         self.target = target
         self.fail = fail
-        self.drafts: dict[int, BatchRunner] = {}
+        self.drafts: dict[Hashable, BatchRunner] = {}
+        self._invariant: dict[int, bool] = {}
 
     def begin(self, row: Any) -> list[int] | None:
         """Start the row's next step; its committed tokens if the step ended at once, else None."""
@@ -59,7 +60,12 @@ class Programs:
             for row in drafting:
                 groups.setdefault(id(row.pending.draft), []).append(row)
             for group in groups.values():
-                ended += self._draft_pass(group)
+                model = group[0].pending.draft
+                if self._batch_invariant(model):
+                    ended += self._draft_pass(group, self._draft_runner(id(model), model))
+                else:
+                    for row in group:
+                        ended += self._draft_pass([row], self._draft_runner((id(model), row.row_id), model))
 
     def target_feeds(self, rows: Sequence[Any], idle: Sequence[Any] = ()) -> list[list[Feed]]:
         """What each of ``rows`` asks of the engine's next target forward. Branches no longer fed,
@@ -90,6 +96,8 @@ class Programs:
         if row.branches:
             self.target.release(*row.branches)
             row.branches = set()
+        for key in [k for k in self.drafts if isinstance(k, tuple) and k[1] == row.row_id]:
+            del self.drafts[key]
         for runner in self.drafts.values():
             runner.release(row.row_id)
 
@@ -103,12 +111,24 @@ class Programs:
             raise TypeError(f"a step program must yield Passes with at least one feed, got {row.pending!r}")
         return None
 
-    def _draft_pass(self, rows: list[Any]) -> list[tuple[Any, list[int]]]:
-        model = rows[0].pending.draft
-        runner = self.drafts.get(id(model))
-        if runner is None:
-            runner = self.drafts[id(model)] = BatchRunner(model, "draft", self.target.pad_token_id,
-                                                          prefix_cache_bytes=DRAFT_PREFIX_CACHE_BYTES)
+    def _batch_invariant(self, model: Any) -> bool:
+        """Whether a row's logits from ``model`` do not depend on the rows batched with it. Not so
+        for dynamically quantised models (the int8 self-draft): they scale activations over the
+        whole batch, so their rows draft one at a time (each with a cache of its own)."""
+        if id(model) not in self._invariant:
+            from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
+            self._invariant[id(model)] = not any(isinstance(m, DynamicLinear) for m in model.modules())
+        return self._invariant[id(model)]
+
+    def _draft_runner(self, key: Hashable, model: Any) -> BatchRunner:
+        """The runner of ``key``: a model's shared one, or a row's own (no prefix cache: it ends with the row)."""
+        if key not in self.drafts:
+            prefixes = 0 if isinstance(key, tuple) else DRAFT_PREFIX_CACHE_BYTES
+            self.drafts[key] = BatchRunner(model, "draft", self.target.pad_token_id, prefix_cache_bytes=prefixes)
+        return self.drafts[key]
+
+    def _draft_pass(self, rows: list[Any], runner: BatchRunner) -> list[tuple[Any, list[int]]]:
         feeds = [_engine_feeds(row, row.pending) for row in rows]
         started = time.perf_counter()
         logits = runner.run([f for row_feeds in feeds for f in row_feeds])

@@ -61,6 +61,21 @@ def test_strategy_rows_batched_together_equal_each_alone(smollm2, parts):
     assert not engine.runner.order  # every row and roll-out released
 
 
+def test_rows_drafting_on_a_dynamically_quantised_draft_draft_alone(smollm2, parts):
+    """The int8 self-draft scales activations over its whole batch: batched, a row's lookahead
+    would depend on its neighbours. Its rows draft one at a time and decode what they do alone."""
+    compiled, prompts, _ = parts
+    int8 = self_draft(smollm2.model, "int8")
+    alone = [decode(ModelRunner(smollm2.model), compiled, ids, max_tokens=10, strategy=strategy("cdsl", words, int8))
+             for words, ids in zip(TOPICS[:3], prompts[:3], strict=True)]
+    engine = BatchEngine(BatchRunner(smollm2.model, pad_token_id=smollm2.eos_token_ids[0]), max_batch_size=4)
+    together = engine.run([Request(tuple(ids), compiled, max_tokens=10, strategy=strategy("cdsl", words, int8))
+                           for words, ids in zip(TOPICS[:3], prompts[:3], strict=True)])
+    assert [r.tokens for r in together] == [r.tokens for r in alone]
+    assert not engine.programs.drafts  # each row's own draft runner went with the row
+    engine.close()
+
+
 def test_a_strategy_row_reserves_cache_for_its_branches(parts):
     compiled, prompts, draft = parts
     plain = Request(tuple(prompts[0]), compiled, max_tokens=20)
