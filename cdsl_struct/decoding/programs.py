@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ..models.batch import BatchRunner, Feed
+from ..models.runner import ModelRunner
 from .strategy import MAIN, Passes
 
 #: prompt prefixes a draft runner keeps (the draft is small; its prefills are cheap to redo)
@@ -40,7 +41,9 @@ class Programs:
     def __init__(self, target: BatchRunner, fail: Callable[[Any, BaseException], None]) -> None:
         self.target = target
         self.fail = fail
-        self.drafts: dict[Hashable, BatchRunner] = {}
+        self.drafts: dict[int, BatchRunner] = {}
+        self.solo_drafts: dict[Hashable, ModelRunner] = {}
+        """Per row, on a draft whose rows cannot share a batch (``_batch_invariant``)."""
         self._invariant: dict[int, bool] = {}
 
     def begin(self, row: Any) -> list[int] | None:
@@ -62,10 +65,10 @@ class Programs:
             for group in groups.values():
                 model = group[0].pending.draft
                 if self._batch_invariant(model):
-                    ended += self._draft_pass(group, self._draft_runner(id(model), model))
+                    ended += self._draft_pass(group, model)
                 else:
                     for row in group:
-                        ended += self._draft_pass([row], self._draft_runner((id(model), row.row_id), model))
+                        ended += self._solo_draft_pass(row, model)
 
     def target_feeds(self, rows: Sequence[Any], idle: Sequence[Any] = ()) -> list[list[Feed]]:
         """What each of ``rows`` asks of the engine's next target forward. Branches no longer fed,
@@ -96,8 +99,7 @@ class Programs:
         if row.branches:
             self.target.release(*row.branches)
             row.branches = set()
-        for key in [k for k in self.drafts if isinstance(k, tuple) and k[1] == row.row_id]:
-            del self.drafts[key]
+        self.solo_drafts.pop(row.row_id, None)
         for runner in self.drafts.values():
             runner.release(row.row_id)
 
@@ -114,32 +116,46 @@ class Programs:
     def _batch_invariant(self, model: Any) -> bool:
         """Whether a row's logits from ``model`` do not depend on the rows batched with it. Not so
         for dynamically quantised models (the int8 self-draft): they scale activations over the
-        whole batch, so their rows draft one at a time (each with a cache of its own)."""
+        whole batch, so their rows draft one at a time, each on a ``ModelRunner`` of its own (as a
+        sequence decoded alone: the same chunks, so the same activation scales)."""
         if id(model) not in self._invariant:
             from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
             self._invariant[id(model)] = not any(isinstance(m, DynamicLinear) for m in model.modules())
         return self._invariant[id(model)]
 
-    def _draft_runner(self, key: Hashable, model: Any) -> BatchRunner:
-        """The runner of ``key``: a model's shared one, or a row's own (no prefix cache: it ends with the row)."""
-        if key not in self.drafts:
-            prefixes = 0 if isinstance(key, tuple) else DRAFT_PREFIX_CACHE_BYTES
-            self.drafts[key] = BatchRunner(model, "draft", self.target.pad_token_id, prefix_cache_bytes=prefixes)
-        return self.drafts[key]
-
-    def _draft_pass(self, rows: list[Any], runner: BatchRunner) -> list[tuple[Any, list[int]]]:
+    def _draft_pass(self, rows: list[Any], model: Any) -> list[tuple[Any, list[int]]]:
+        """One batched forward of ``model`` for the draft feeds of ``rows``."""
+        if id(model) not in self.drafts:
+            self.drafts[id(model)] = BatchRunner(model, "draft", self.target.pad_token_id,
+                                                 prefix_cache_bytes=DRAFT_PREFIX_CACHE_BYTES)
+        runner = self.drafts[id(model)]
         feeds = [_engine_feeds(row, row.pending) for row in rows]
         started = time.perf_counter()
         logits = runner.run([f for row_feeds in feeds for f in row_feeds])
         seconds = time.perf_counter() - started
-        ended, offset = [], 0
-        for row, row_feeds in zip(rows, feeds, strict=True):
-            part, offset = logits[offset:offset + len(row_feeds)], offset + len(row_feeds)
+        parts, positions, offset = [], [], 0
+        for row_feeds in feeds:
+            parts.append(logits[offset:offset + len(row_feeds)])
+            offset += len(row_feeds)
+            positions.append(sum(runner.last_fed[f.row] + runner.last_prefilled.get(f.row, 0) for f in row_feeds))
+        return self._hand_back(rows, parts, positions, seconds)
+
+    def _solo_draft_pass(self, row: Any, model: Any) -> list[tuple[Any, list[int]]]:
+        """The draft feeds of ``row`` through its own runner of ``model``."""
+        runner = self.solo_drafts.setdefault(row.row_id, ModelRunner(model, name="draft"))
+        before, started = runner.positions, time.perf_counter()
+        logits = [runner.run(f.sequence, f.keep) for f in row.pending.feeds]
+        return self._hand_back([row], [logits], [runner.positions - before], time.perf_counter() - started)
+
+    def _hand_back(self, rows: list[Any], parts: list[list[torch.Tensor]], positions: list[int],
+                   seconds: float) -> list[tuple[Any, list[int]]]:
+        """Count each row's draft pass and send it its logits; the rows whose step ended."""
+        ended = []
+        for row, part, fed in zip(rows, parts, positions, strict=True):
             stats = row.session.stats
             stats.draft_passes += 1
-            stats.draft_positions += sum(runner.last_fed[f.row] + runner.last_prefilled.get(f.row, 0)
-                                         for f in row_feeds)
+            stats.draft_positions += fed
             stats.draft_seconds += seconds
             try:
                 committed = self._send(row, part)

@@ -72,7 +72,7 @@ def test_rows_drafting_on_a_dynamically_quantised_draft_draft_alone(smollm2, par
     together = engine.run([Request(tuple(ids), compiled, max_tokens=10, strategy=strategy("cdsl", words, int8))
                            for words, ids in zip(TOPICS[:3], prompts[:3], strict=True)])
     assert [r.tokens for r in together] == [r.tokens for r in alone]
-    assert not engine.programs.drafts  # each row's own draft runner went with the row
+    assert not engine.programs.solo_drafts  # each row's own draft runner went with the row
     engine.close()
 
 
