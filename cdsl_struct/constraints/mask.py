@@ -67,6 +67,16 @@ def allowed_tokens(row: Bitmask, vocab_size: int) -> list[int]:
     return np.flatnonzero(bits).tolist()
 
 
+def allows_only(row: Bitmask, tokens: Any, vocab_size: int) -> bool:
+    """Whether a mask row allows no token outside ``tokens`` (vectorised: no list of allowed ids)."""
+    words = np.asarray(row.numpy() if hasattr(row, "numpy") else row, dtype=np.int32)
+    bits = np.unpackbits(words.view(np.uint8), bitorder="little")[:vocab_size]
+    inside = [t for t in tokens if 0 <= t < vocab_size]
+    if inside:
+        bits[inside] = 0
+    return not bits.any()
+
+
 def apply_bitmask(logits: Any, row: Bitmask) -> Any:
     """Set disallowed logits to ``-inf`` in place (torch; last dimension is the vocabulary).
 

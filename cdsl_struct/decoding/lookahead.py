@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from ..constraints import CompiledConstraint, ConstraintState
-from ..constraints.mask import allocate_bitmask, allowed_tokens, apply_bitmask
+from ..constraints.mask import allocate_bitmask, allows_only, apply_bitmask
 from ..models.batch import Feed
 from ..models.runner import ModelRunner
 from ..rewards.base import Reward, as_reward
@@ -250,9 +250,9 @@ class CDSL:
     usually wants a lower ``reward_threshold`` (0.99 sends most steps to the fallback).
     """
 
-    draft: Proposer | GuidedDraft | ModelRunner
-    """A ``GuidedDraft``, a draft model's runner (then guided by the reward in a ``GuidedDraft``),
-    or any proposer (prompt lookup, a draft model proposer with its own cache)."""
+    draft: Proposer | GuidedDraft | ModelRunner | torch.nn.Module
+    """A ``GuidedDraft``, a draft model or its runner (then guided by the reward in a
+    ``GuidedDraft``), or any proposer (prompt lookup, a draft model proposer with its own cache)."""
     reward: Reward | Any
     d: int = 6
     acceptance_threshold: float = 0.5
@@ -287,7 +287,7 @@ class CDSL:
         self.reward = as_reward(self.reward)
         if self.reward_on == "auto":
             self.reward_on = "ending" if self.reward.earned_by_end else "text"
-        if isinstance(self.draft, ModelRunner):
+        if isinstance(self.draft, (ModelRunner, torch.nn.Module)):
             self.draft = GuidedDraft(self.draft, self.reward)
         if self.cdlh is None:
             self.cdlh = CDLH(self.reward)
@@ -418,8 +418,7 @@ def state_ended(state: ConstraintState, compiled: CompiledConstraint) -> bool:
 def _only_eos_allowed(state: ConstraintState, compiled: CompiledConstraint) -> bool:
     row = allocate_bitmask(compiled.vocab_size)
     state.fill_mask(row)
-    eos = compiled.vocabulary.eos_token_ids
-    return all(t in eos for t in allowed_tokens(row, compiled.vocab_size))
+    return allows_only(row, compiled.vocabulary.eos_token_ids, compiled.vocab_size)
 
 
 def output_ended(session: Session, tokens: int | Sequence[int]) -> bool:

@@ -177,3 +177,15 @@ def test_a_matcher_failing_while_decoding_is_a_matcher_error_not_a_compile_error
         state.fill_mask(allocate_bitmask(state.vocabulary.size))
     assert not isinstance(info.value, CompileError)
     assert from_exception(info.value).status == 500
+
+
+def test_allows_only_reads_a_mask_without_listing_it():
+    from cdsl_struct.constraints.mask import allocate_bitmask, allows_only, set_bit
+
+    row = allocate_bitmask(100)
+    assert allows_only(row, [], 100)  # nothing allowed: nothing outside any set
+    set_bit(row, 0)
+    set_bit(row, 31)  # the sign bit of the first word
+    assert allows_only(row, [0, 31], 100) and not allows_only(row, [0], 100)
+    set_bit(row, 99)
+    assert not allows_only(row, [0, 31], 100) and allows_only(row, [0, 31, 99, 150], 100)
