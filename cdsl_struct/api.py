@@ -236,6 +236,25 @@ class Generator:
             return list(pool.map(lambda pair: self._run(pair[0], pair[1], None, cancel),
                                  zip(rows, encoded, strict=True)))
 
+    def stream(self, prompt: str | Sequence[Any], **options: Any) -> Iterator[str | Result]:
+        """``generate(prompt, stream=True, **options)`` for one prompt: an iterator of text deltas
+        whose last item is the Result."""
+        if "stream" in options:
+            raise ValueError("stream() always streams; pass no stream= argument")
+        if _split_batch(prompt)[1]:
+            raise ValueError("stream() takes one prompt; use generate_batch() for a list of prompts")
+        return self.generate(prompt, stream=True, **options)
+
+    def generate_batch(self, prompts: Sequence[str | Sequence[Any]], **options: Any) -> list[Result]:
+        """``generate`` for a list of prompts (strings or message lists), decoded together as rows
+        of one batch with the constraint compiled once: one Result per prompt, in order."""
+        if "stream" in options:
+            raise ValueError("generate_batch() does not stream; use stream() for one prompt")
+        if isinstance(prompts, str) or not _split_batch(prompts)[1]:
+            raise ValueError("generate_batch() takes a list of prompts (strings or message lists); "
+                             "use generate() for one")
+        return self.generate(prompts, **options)
+
     def choose_method(self, method: str | Method, has_reward: bool) -> Method:
         """The decoder ``method`` means for this Generator (``"auto"`` resolved)."""
         chosen = Method.parse(method)

@@ -382,3 +382,22 @@ def test_methods_are_an_enum_that_takes_their_names():
     assert [m for m in Method if m.steered] == [Method.CDLH, Method.CDSL]
     with pytest.raises(ValueError, match="choose from auto, target, speculative, cdlh, cdsl"):
         Method.parse("magic")
+
+
+def test_each_verb_has_one_return_type(gen):
+    *deltas, streamed = gen.stream("Say yes or no.", choices=["yes", "no"], max_tokens=3)
+    assert all(isinstance(d, str) for d in deltas) and isinstance(streamed, Result)
+    assert "".join(deltas) == streamed.text and streamed.value in ("yes", "no")
+    one = gen.generate_batch(["Say yes."], choices=["yes", "no"], max_tokens=3)
+    assert isinstance(one, list) and len(one) == 1 and one[0].value in ("yes", "no")
+    two = gen.generate_batch([[{"role": "user", "content": "Say no."}], [{"role": "user", "content": "Say yes."}]],
+                             choices=["yes", "no"], max_tokens=3)
+    assert [isinstance(r, Result) for r in two] == [True, True]
+    with pytest.raises(ValueError, match="list of prompts"):
+        gen.generate_batch("Say yes.", choices=["yes", "no"])
+    with pytest.raises(ValueError, match="list of prompts"):
+        gen.generate_batch([{"role": "user", "content": "Say no."}], choices=["yes", "no"])  # one message list
+    with pytest.raises(ValueError, match="one prompt"):
+        gen.stream(["a", "b"], choices=["yes", "no"])
+    with pytest.raises(ValueError, match="stream"):
+        gen.generate_batch(["a"], stream=True)
