@@ -199,15 +199,7 @@ def _run(config: ThroughputConfig, progress: bool) -> dict[str, Any]:
     model, tokenizer = loaded.model, loaded.tokenizer
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else loaded.eos_token_ids[0]
     items = build_workload(config.requests)
-    shared = {name: build_proposers(name, model) for name in ("lookup", "none")}  # stateless: shared by rows
-    free = compile(Regex(FREE_TEXT), tokenizer, eos_token_ids=loaded.eos_token_ids)
-    jobs, free_jobs = [], []
-    for item in items:
-        prompt = prompt_ids(tokenizer, item.prompt, chat=True)
-        params = SamplingParams(temperature=config.temperature, seed=item.index)
-        compiled = compile(item.spec, tokenizer, eos_token_ids=loaded.eos_token_ids)
-        jobs.append(Job(item, prompt, compiled, shared[item.draft], params))
-        free_jobs.append(Job(item, prompt, free, shared["none"], params))
+    jobs, free_jobs = _jobs(loaded, items, config)
     rows: list[dict[str, Any]] = [{"index": i.index, "family": i.family, "kind": i.kind, "draft": i.draft,
                                    "prompt": i.prompt, "prompt_tokens": len(j.prompt), "runs": {}}
                                   for i, j in zip(items, jobs, strict=True)]
@@ -226,13 +218,8 @@ def _run(config: ThroughputConfig, progress: bool) -> dict[str, Any]:
     for entry in batches:
         entry["speedup_vs_b1"] = round(entry["tokens_per_s"] / base, 3) if base else None
 
-    checks = min(config.reference_checks, len(jobs))
-    equal = 0
-    for job, expected in zip(jobs[:checks], reference[:checks], strict=True):
-        single = decode(ModelRunner(model), job.compiled, job.prompt, proposers=job.proposers, k=config.k,
-                        max_tokens=config.max_tokens, params=job.params)
-        equal += single.tokens == expected
-    report_summary: dict[str, Any] = {"batches": batches, "b1_equals_decode": {"checked": checks, "equal": equal}}
+    report_summary: dict[str, Any] = {"batches": batches,
+                                      "b1_equals_decode": _reference_check(model, jobs, reference, config)}
 
     if config.with_unconstrained:
         report_summary["unconstrained"] = _overhead(model, pad, jobs, free_jobs, items, rows, batches[-1], reference,
@@ -257,10 +244,7 @@ def _run(config: ThroughputConfig, progress: bool) -> dict[str, Any]:
         outlines["speedup_ours_vs_outlines"] = round(largest["tokens_per_s"] / rate, 3) if rate else None
         _say(progress, f"outlines batch: {rate:.1f} tok/s")
 
-    machine = {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-               "device": str(loaded.device), "dtype": str(next(model.parameters()).dtype).replace("torch.", "")}
-    if loaded.device.type == "cuda":
-        machine["gpu"] = torch.cuda.get_device_name(loaded.device)
+    machine = _machine(loaded)
     kinds = Counter(i.kind for i in items)
     report_summary["workload"] = {"requests": len(items), "kinds": dict(kinds),
                                   "lookup": sum(i.draft == "lookup" for i in items), "k": config.k,
@@ -269,6 +253,40 @@ def _run(config: ThroughputConfig, progress: bool) -> dict[str, Any]:
     config_dict = asdict(config)
     config_dict["batch_sizes"] = sizes
     return {"config": config_dict, "machine": machine, "requests": rows, "summary": report_summary}
+
+
+def _jobs(loaded: Any, items: list[WorkItem], config: ThroughputConfig) -> tuple[list[Job], list[Job]]:
+    """Each item's job under its constraint, and the same prompt as free text (no drafts)."""
+    tokenizer, eos = loaded.tokenizer, loaded.eos_token_ids
+    shared = {name: build_proposers(name, loaded.model) for name in ("lookup", "none")}  # stateless: shared by rows
+    free = compile(Regex(FREE_TEXT), tokenizer, eos_token_ids=eos)
+    jobs, free_jobs = [], []
+    for item in items:
+        prompt = prompt_ids(tokenizer, item.prompt, chat=True)
+        params = SamplingParams(temperature=config.temperature, seed=item.index)
+        jobs.append(Job(item, prompt, compile(item.spec, tokenizer, eos_token_ids=eos), shared[item.draft], params))
+        free_jobs.append(Job(item, prompt, free, shared["none"], params))
+    return jobs, free_jobs
+
+
+def _reference_check(model: Any, jobs: list[Job], reference: list[list[int]],
+                     config: ThroughputConfig) -> dict[str, int]:
+    """How many of the first jobs ``decode`` (a batch of one, plain settings) gives the B=1 run's tokens."""
+    checks = min(config.reference_checks, len(jobs))
+    equal = 0
+    for job, expected in zip(jobs[:checks], reference[:checks], strict=True):
+        single = decode(ModelRunner(model), job.compiled, job.prompt, proposers=job.proposers, k=config.k,
+                        max_tokens=config.max_tokens, params=job.params)
+        equal += single.tokens == expected
+    return {"checked": checks, "equal": equal}
+
+
+def _machine(loaded: Any) -> dict[str, Any]:
+    machine = {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+               "device": str(loaded.device), "dtype": str(next(loaded.model.parameters()).dtype).replace("torch.", "")}
+    if loaded.device.type == "cuda":
+        machine["gpu"] = torch.cuda.get_device_name(loaded.device)
+    return machine
 
 
 def _overhead(model: Any, pad: int, jobs: list[Job], free_jobs: list[Job], items: list[WorkItem],
