@@ -12,8 +12,9 @@ budget), and ``BatchEngine.step`` that runs one step for every running row:
 2. ONE target forward for all rows (a strategy row feeds what its program asks: its sequence, or
    its branches such as CDLH's roll-outs) (``BatchRunner``: new rows prefilled first, ragged feeds
    padded), while worker threads compute the rows' pending masks (the engines release the GIL);
-3. the masks of every position of every row are stacked into one packed bitmask, copied to the
-   device once and applied there; greedy choices are one argmax over all of them;
+3. the masks of every position of every row are written in place into one preallocated packed
+   bitmask (rows x positions, reused every step), copied to the device once and applied there;
+   greedy choices are one argmax over all of them;
 4. each row verifies and commits on its own (``loop.commit``; a strategy row's program judges its
    logits and commits or asks for another pass), rolling back its own state; the runner crops
    its KV rows on the next step.
@@ -36,7 +37,7 @@ from typing import Any
 import torch
 
 from ..constraints import CompiledConstraint
-from ..constraints.mask import apply_bitmask
+from ..constraints.mask import apply_bitmask, words_for
 from ..errors import CdslError
 from ..models.batch import COMPACT_SLACK, BatchRunner, Feed
 from ..models.runner import ModelRunner
@@ -252,6 +253,7 @@ class BatchEngine:
         self.scheduler = Scheduler(max_batch_size, budget, runner.kv_bytes_per_token())
         self.stats = EngineStats()
         self.programs = Programs(runner, lambda row, error: self._end(row, error=error))
+        self._bitmask: torch.Tensor | None = None  # [rows x positions, words], reused every step
         self._pool = ThreadPoolExecutor(mask_workers, thread_name_prefix="cdsl-mask") if mask_workers else None
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -402,13 +404,14 @@ class BatchEngine:
         if not feeds and not steered:
             return
         mask_before = sum(r.session.state.mask_seconds for r, _ in rows)
-        pending = self._masks_async(rows)
+        blocks = self._mask_blocks(rows)
+        pending = self._masks_async(rows, blocks)
         started = time.perf_counter()
         logits = self.runner.run(feeds + [f for row_feeds in program_feeds for f in row_feeds])
         forward = time.perf_counter() - started
         if self.width is not None:
             self.width.observe_pass(self.runner.last_positions, forward - self.runner.last_prefill_seconds)
-        masks_ok = self._wait_masks(rows, pending, mask_before)
+        masks_ok = self._wait_masks(rows, blocks, pending, mask_before)
         self.stats.steps += 1
         self.stats.rows_stepped += len(rows) + len(steered)
         self.stats.positions += sum(self.runner.last_fed.values())
@@ -427,7 +430,10 @@ class BatchEngine:
                 self._after_commit(row, committed)
         rows_logits = [(r, p, lg) for (r, p), lg, ok in zip(rows, logits[:len(rows)], masks_ok, strict=True) if ok]
         if rows_logits:
-            self._commit_all(rows_logits, forward)
+            used = sum(len(p.masks) for _, p in rows)
+            masks = self._bitmask[:used] if all(masks_ok) else torch.cat(
+                [block for block, ok in zip(blocks, masks_ok, strict=True) if ok])
+            self._commit_all(rows_logits, forward, masks)
 
     def _start(self, row: Row) -> None:
         request = row.request
@@ -437,19 +443,33 @@ class BatchEngine:
                               request.params.generator(self.runner.device), DecodeStats(),
                               max_tokens=request.max_tokens)
 
-    def _masks_async(self, rows: list[tuple[Row, Proposal]]) -> list[Any]:
+    def _mask_blocks(self, rows: list[tuple[Row, Proposal]]) -> list[torch.Tensor]:
+        """Each row's rows of the engine's preallocated bitmask (one per position it feeds, in feed
+        order, zeroed), grown when a step needs more; the masks are written into them in place."""
+        sizes = [len(p.masks) for _, p in rows]
+        words = max((words_for(r.session.compiled.vocab_size) for r, _ in rows), default=0)
+        need = sum(sizes)
+        if self._bitmask is None or self._bitmask.shape[0] < need or self._bitmask.shape[1] != words:
+            capacity = max(need, self.scheduler.max_batch_size * (2 + MAX_FORCED))
+            self._bitmask = torch.zeros((capacity, words), dtype=torch.int32)
+        self._bitmask[:need].zero_()
+        return list(torch.split(self._bitmask[:need], sizes)) if rows else []
+
+    def _masks_async(self, rows: list[tuple[Row, Proposal]], blocks: list[torch.Tensor]) -> list[Any]:
         if self._pool is None:
             return [None] * len(rows)
-        return [self._pool.submit(fill_deferred_masks, r.session, p) for r, p in rows]
+        return [self._pool.submit(fill_deferred_masks, r.session, p, block)
+                for (r, p), block in zip(rows, blocks, strict=True)]
 
-    def _wait_masks(self, rows: list[tuple[Row, Proposal]], pending: list[Any], before: float) -> list[bool]:
+    def _wait_masks(self, rows: list[tuple[Row, Proposal]], blocks: list[torch.Tensor], pending: list[Any],
+                    before: float) -> list[bool]:
         """Finish every row's masks (a row whose constraint raised ends with that error); ``before``:
         the rows' mask time when the step's masks were queued."""
         started = time.perf_counter()
         ok = []
-        for (row, proposal), future in zip(rows, pending, strict=True):
+        for (row, proposal), block, future in zip(rows, blocks, pending, strict=True):
             try:
-                future.result() if future is not None else fill_deferred_masks(row.session, proposal)
+                future.result() if future is not None else fill_deferred_masks(row.session, proposal, block)
                 ok.append(True)
             except Exception as exc:  # noqa: BLE001
                 self._end(row, error=exc)
@@ -459,7 +479,8 @@ class BatchEngine:
         self.stats.mask_seconds += after - before
         return ok
 
-    def _commit_all(self, rows: list[tuple[Row, Proposal, torch.Tensor]], forward: float) -> None:
+    def _commit_all(self, rows: list[tuple[Row, Proposal, torch.Tensor]], forward: float,
+                    masks: torch.Tensor) -> None:
         """Mask every position of every row in one op on the device, then verify row by row."""
         logits = torch.cat([lg for _, _, lg in rows])
         offset = 0
@@ -471,7 +492,6 @@ class BatchEngine:
             if row.request.loop_guard:
                 session.stats.loop_guarded += guard_loops(row_scores, session.output, proposal.tokens)
             offset += len(row_logits)
-        masks = torch.stack([m for _, p, _ in rows for m in p.masks])
         masked = apply_bitmask(logits, masks)
         choices = torch.argmax(masked, dim=-1).tolist()
         offset = 0

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import torch
 
 from ..constraints import CompiledConstraint, ConstraintState
-from ..constraints.mask import allocate_bitmask, apply_bitmask
+from ..constraints.mask import allocate_bitmask, apply_bitmask, words_for
 from ..errors import InvalidToken
 from ..models.runner import ModelRunner
 from ..result import DecodeStats, Result, parse_value
@@ -162,17 +162,29 @@ def truncate(session: Session, proposal: Proposal, keep: int) -> None:
     proposal.steered = {i for i in proposal.steered if i < keep}
 
 
-def fill_deferred_masks(session: Session, proposal: Proposal) -> None:
+def fill_deferred_masks(session: Session, proposal: Proposal, out: torch.Tensor | None = None) -> None:
     """Compute the masks proposers left as None, walking the state back over the proposal and
-    forward again (it ends where it started)."""
+    forward again (it ends where it started). ``out``: rows ``[len(masks), words]`` (zeroed) of a
+    preallocated bitmask that every mask of the proposal is written into, in place; the proposal's
+    masks then are views of those rows."""
+    if out is not None:
+        for i, mask in enumerate(proposal.masks):
+            if mask is not None:
+                out[i, :mask.shape[-1]].copy_(mask)
+                proposal.masks[i] = out[i]
     missing = [i for i, mask in enumerate(proposal.masks) if mask is None]
     if not missing:
         return
     tokens, state = proposal.tokens, session.state
+    words = words_for(session.compiled.vocab_size)
     state.rollback(len(tokens) - missing[0])
     for i in range(missing[0], len(tokens) + 1):
         if proposal.masks[i] is None:
-            proposal.masks[i] = session.current_mask()
+            if out is None:
+                proposal.masks[i] = session.current_mask()
+            else:
+                state.fill_mask(out[i, :words])
+                proposal.masks[i] = out[i]
         if i < len(tokens):
             state.advance(tokens[i])
 

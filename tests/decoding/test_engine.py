@@ -194,6 +194,27 @@ def test_batch_size_and_kv_budget_bound_the_rows_in_flight(smollm2, parts):
     assert tight.stats.as_dict()["mean_rows"] == 1
 
 
+def test_masks_are_written_into_one_bitmask_reused_every_step(smollm2, parts):
+    """Every position's mask goes into the engine's preallocated bitmask, in place; with and
+    without mask threads the rows decode what each decodes alone."""
+    rows = workload(smollm2, parts)
+    for workers in (0, 2):
+        engine = engine_for(smollm2, mask_workers=workers)
+        handles = [engine.submit(Request(ids, c, max_tokens=12, proposers=build_proposers(d, smollm2.model), k=6))
+                   for ids, c, d in rows]
+        engine.step()
+        buffer = engine._bitmask
+        assert buffer is not None and buffer.shape[1] == (parts["free"].vocab_size + 31) // 32
+        while not all(h.done for h in handles):
+            engine.step()
+            assert engine._bitmask is buffer  # the same memory, step after step
+        engine.close()
+        for (ids, compiled, draft), handle in zip(rows, handles, strict=True):
+            alone = decode(ModelRunner(smollm2.model), compiled, ids, max_tokens=12,
+                           proposers=build_proposers(draft, smollm2.model), k=6)
+            assert handle.wait().tokens == alone.tokens
+
+
 def test_background_engine_serves_submitters_from_threads(smollm2, parts):
     from concurrent.futures import ThreadPoolExecutor
 
