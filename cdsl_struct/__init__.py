@@ -38,6 +38,7 @@ from .errors import (
 from .integrations import outlines_types as _outlines_types  # noqa: F401 - registers its converter with as_spec
 from .models.tokenizers import NAMED_TOKENIZERS, load_tokenizer
 from .options import Method
+from .params import GenerationParams
 from .result import Result
 from .tools import ToolCall, tool_from_function
 
@@ -51,6 +52,7 @@ __all__ = [
     "CompileTimeout",
     "CompiledConstraint",
     "ConstraintState",
+    "GenerationParams",
     "Generator",
     "Grammar",
     "GrammarSyntaxError",

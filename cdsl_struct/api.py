@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from typing_extensions import Unpack
 
 from .constraints import (
     Choice,
@@ -43,6 +44,7 @@ from .models.batch import BatchRunner
 from .models.loading import LoadedModel, load_model
 from .models.runner import ModelRunner, self_draft
 from .options import Method, one_constraint
+from .params import GenerationParams, ParamOverrides
 from .prompts import prompt_ids
 from .result import DecodeStats, Result, parse_value
 from .rewards import KeywordCoverage, Reward, WeightedMean
@@ -73,22 +75,25 @@ KEYWORD_MAX_REPEATS = 2
 Emit = Callable[[str], None]
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Call:
     """One ``generate`` call, resolved: what to decode under, how, and for how long."""
 
     compiled: CompiledConstraint
     method: Method
-    params: SamplingParams
-    max_tokens: int
+    """``params.method`` resolved for this Generator (never ``AUTO``)."""
+    params: GenerationParams
+    sampling: SamplingParams
     reward: Reward | None = None
     tools: ToolRequest | None = None
     system: str | None = None
-    stop: tuple[str, ...] = ()
-    penalties: Penalties | None = None
-    logprobs: int | None = None
     answer_format: ConstraintSpec | None = None
     """With tools: the spec of an answer that is not a call (``schema=`` beside ``tools``)."""
+
+    @property
+    def penalties(self) -> Penalties | None:
+        return Penalties(self.params.presence_penalty, self.params.frequency_penalty) \
+            if self.params.penalised else None
 
 
 class Generator:
@@ -169,11 +174,9 @@ class Generator:
                  choices: Sequence[str] | None = None, grammar: Any = None,
                  keywords: Sequence[str] | None = None, reward: Reward | Callable[..., float] | None = None,
                  tools: Sequence[Any] | None = None, tool_choice: Any = "auto", parallel_tool_calls: bool = True,
-                 method: str | Method = "auto", max_tokens: int = 256, temperature: float = 0.0, top_p: float = 1.0,
-                 seed: int | None = None, stop: str | Sequence[str] | None = None, presence_penalty: float = 0.0,
-                 frequency_penalty: float = 0.0, logprobs: int | None = None, stream: bool = False,
-                 chat: bool = True, cancel: threading.Event | None = None,
-                 compile_timeout: float | None = None) -> Result | list[Result] | Iterator[str | Result]:
+                 params: GenerationParams | None = None, stream: bool = False, chat: bool = True,
+                 cancel: threading.Event | None = None, compile_timeout: float | None = None,
+                 **overrides: Unpack[ParamOverrides]) -> Result | list[Result] | Iterator[str | Result]:
         """Generate an answer to ``prompt`` under at most one hard constraint.
 
         ``prompt``: a string (one user message in the chat template; ``chat=False`` encodes it
@@ -197,15 +200,15 @@ class Generator:
         (a ``Reward`` or ``fn(text, final) -> float`` in [0, 1]) steer CDLH/CDSL and combine with
         any hard constraint.
 
-        ``method``: ``"auto"`` (cdsl with a reward and a draft, cdlh with a reward and no draft,
-        else speculative with a draft, else target), ``"target"``, ``"speculative"`` (lossless),
-        ``"cdlh"`` or ``"cdsl"`` (greedy only). ``temperature`` 0 is greedy; above it samples
-        with ``top_p`` and ``seed``. ``stop``: strings that end the output where the constraint
-        accepts the text before them (``decoding.stops``); ``presence_penalty`` /
-        ``frequency_penalty`` as OpenAI's; ``logprobs``: record each token's log-probability and
-        that many alternatives (``decoding.logprobs``). ``cancel``: an event that, once set, ends
-        the rows with ``finish_reason="cancelled"`` within a step. ``compile_timeout``: seconds this
-        call's constraint may take to compile (default: the Generator's).
+        How to decode: ``params``, a frozen ``GenerationParams`` (method, max_tokens, temperature,
+        top_p, seed, stop, presence/frequency penalties, logprobs; its docstring says what each
+        means), and any of its fields as keyword arguments, which override it
+        (``generate(p, max_tokens=64)`` is ``generate(p, params=GenerationParams(max_tokens=64))``).
+        CDLH and CDSL decode greedily, without penalties or logprobs. ``stop`` ends the output where
+        the constraint accepts the text before the stop string (``decoding.stops``). ``cancel``: an
+        event that, once set, ends the rows with ``finish_reason="cancelled"`` within a step.
+        ``compile_timeout``: seconds this call's constraint may take to compile (default: the
+        Generator's).
 
         ``value`` is None and ``complete`` False unless the output ended complete (at EOS, or at a
         stop string, in a complete state: ``finish_reason == "stop"``). ``stream=True`` returns an
@@ -215,14 +218,12 @@ class Generator:
         Raises ``ValueError`` for bad parameters and the typed ``CompileError`` subclasses for a
         bad constraint, before anything is decoded (also when streaming).
         """
-        call = self._resolve(schema=schema, regex=regex, choices=choices, grammar=grammar, keywords=keywords,
+        chosen = GenerationParams.of(params, **overrides)
+        call = self._resolve(chosen, schema=schema, regex=regex, choices=choices, grammar=grammar, keywords=keywords,
                              reward=reward, tools=tools, tool_choice=tool_choice,
-                             parallel_tool_calls=parallel_tool_calls, method=method, max_tokens=max_tokens,
-                             temperature=temperature, top_p=top_p, seed=seed, stop=stop,
-                             penalties=Penalties(presence_penalty, frequency_penalty), logprobs=logprobs,
-                             compile_timeout=compile_timeout)
+                             parallel_tool_calls=parallel_tool_calls, compile_timeout=compile_timeout)
         prompts, batch = _split_batch(prompt)
-        encoded = [self._encode(p, chat, call.system, max_tokens) for p in prompts]
+        encoded = [self._encode(p, chat, call.system, chosen.max_tokens) for p in prompts]
         if stream:
             if batch:
                 raise ValueError("stream=True takes one prompt, not a list of prompts")
@@ -230,7 +231,8 @@ class Generator:
         if len(encoded) == 1:
             return self._run(call, encoded[0], None, cancel) if not batch \
                 else [self._run(call, encoded[0], None, cancel)]
-        rows = [call if seed is None else replace(call, params=replace(call.params, seed=seed + i))
+        seed = chosen.seed
+        rows = [call if seed is None else replace(call, sampling=replace(call.sampling, seed=seed + i))
                 for i in range(len(encoded))]
         with ThreadPoolExecutor(min(len(encoded), 64), thread_name_prefix="cdsl-row") as pool:
             return list(pool.map(lambda pair: self._run(pair[0], pair[1], None, cancel),
@@ -273,25 +275,21 @@ class Generator:
 
     # --- resolving a request ------------------------------------------------------------------
 
-    def _resolve(self, *, schema: Any, regex: Any, choices: Any, grammar: Any, keywords: Any, reward: Any,
-                 tools: Any, tool_choice: Any, parallel_tool_calls: bool, method: str | Method, max_tokens: int,
-                 temperature: float, top_p: float, seed: int | None, stop: Any, penalties: Penalties,
-                 logprobs: int | None, compile_timeout: float | None = None) -> _Call:
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
-        with _argument("temperature"):
-            params = SamplingParams(temperature=temperature, top_p=top_p, seed=seed)
+    def _resolve(self, params: GenerationParams, *, schema: Any, regex: Any, choices: Any, grammar: Any,
+                 keywords: Any, reward: Any, tools: Any, tool_choice: Any, parallel_tool_calls: bool,
+                 compile_timeout: float | None = None) -> _Call:
+        sampling = SamplingParams(temperature=params.temperature, top_p=params.top_p, seed=params.seed)
         with _argument("keywords" if keywords is not None else "reward"):
             steer = _reward(keywords, reward)
         with _argument("method"):
-            chosen = self.choose_method(method, steer is not None)
-        with _argument("stop"):
-            stops = _stop_strings(stop)
+            chosen = self.choose_method(params.method, steer is not None)
         if chosen.steered:
-            if not params.greedy:
-                raise ValueError(f"method {chosen.value!r} decodes greedily; use temperature=0")
-            if penalties.active or logprobs is not None:
-                raise ValueError(f"method {chosen.value!r} does not take penalties or logprobs")
+            if not sampling.greedy:
+                raise InvalidArgument(f"method {chosen.value!r} decodes greedily; use temperature=0",
+                                      param="temperature")
+            if params.penalised or params.logprobs is not None:
+                raise InvalidArgument(f"method {chosen.value!r} does not take penalties or logprobs",
+                                      param="logprobs" if params.logprobs is not None else "presence_penalty")
         with _argument("tools", "tool_choice"):
             calls = tool_request(tools, tool_choice, parallel_tool_calls)
         spec = _answer_spec(schema=schema, regex=regex, choices=choices, grammar=grammar)
@@ -309,8 +307,8 @@ class Generator:
                                     compile_timeout)
         else:
             compiled = self.compile(self._closed(spec) if spec is not None else Regex(FREE_TEXT), compile_timeout)
-        return _Call(compiled, chosen, params, max_tokens, steer, calls, system, stops,
-                        penalties if penalties.active else None, logprobs, spec if calls is not None else None)
+        return _Call(compiled, chosen, params, sampling, steer, calls, system,
+                     spec if calls is not None else None)
 
     def _closed(self, spec: ConstraintSpec) -> ConstraintSpec:
         """``spec`` with objects closed to undeclared keys, unless this Generator allows them."""
@@ -356,15 +354,15 @@ class Generator:
         compiled = call.compiled
         on_tokens = None
         if emit is not None:
-            deltas, holdback = TextDeltas(self.vocabulary), StopHoldback(call.stop)
+            deltas, holdback = TextDeltas(self.vocabulary), StopHoldback(call.params.stop)
 
             def on_tokens(tokens: list[int]) -> None:
                 emit(holdback.push(deltas.push(tokens)))
 
         proposers = [getattr(p, "fork", lambda p=p: p)() for p in self.proposers] \
             if call.method is Method.SPECULATIVE else []
-        row = Request(tuple(prompt), compiled, call.params, call.max_tokens, tuple(proposers), self.k,
-                      on_tokens, stop=call.stop, penalties=call.penalties, logprobs=call.logprobs,
+        row = Request(tuple(prompt), compiled, call.sampling, call.params.max_tokens, tuple(proposers), self.k,
+                      on_tokens, stop=call.params.stop, penalties=call.penalties, logprobs=call.params.logprobs,
                       cancel_event=cancel, loop_guard=self.loop_guard,
                       strategy=self._strategy(call))
         result = self.engine.submit(row).wait()
@@ -440,17 +438,6 @@ def _read_calls(tools: ToolRequest, answer: ConstraintSpec | None, result: Resul
     if complete:
         value = output.calls or (parse_value(answer, output.content or "") if answer else output.content)
     return replace(result, content=output.content, tool_calls=output.calls, complete=complete, value=value)
-
-
-def _stop_strings(stop: Any) -> tuple[str, ...]:
-    if stop is None:
-        return ()
-    stops = (stop,) if isinstance(stop, str) else tuple(stop)
-    if not all(isinstance(s, str) and s for s in stops):
-        raise ValueError("stop must be a non-empty string or a list of non-empty strings")
-    if len(stops) > 4:
-        raise ValueError(f"at most 4 stop strings are allowed, got {len(stops)}")
-    return stops
 
 
 def _reward(keywords: Any, reward: Any) -> Reward | None:

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import CdslError
-from .options import BACKENDS, METHODS, add_output_options
+from .options import BACKENDS, add_output_options
+from .params import add_param_arguments, params_from_args
 
 EXIT_ERROR = 2
 EXIT_INCOMPLETE = 3
@@ -36,9 +37,6 @@ def add_generate_parser(commands: Any) -> argparse.ArgumentParser:
                                  "function_call)")
     gen.add_argument("--keywords", metavar="W1,W2",
                      help="comma-separated words the output should use (reward-steered: CDSL or CDLH)")
-    gen.add_argument("--method", default="auto", choices=METHODS,
-                     help="decoder (default auto: with --keywords cdsl, or cdlh under --draft none; else speculative, "
-                          "or target under --draft none)")
     gen.add_argument("--model", default="smollm2",
                      help="model: smollm2 (embedded default), gemma3-270m, an HF id, a folder or a .gguf file")
     gen.add_argument("--draft", default="auto",
@@ -47,10 +45,7 @@ def add_generate_parser(commands: Any) -> argparse.ArgumentParser:
                      help="constraint engine (default auto)")
     add_output_options(gen)
     add_device_arguments(gen)
-    gen.add_argument("--max-tokens", type=int, default=256, help="most tokens to generate (default 256)")
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default); above 0 samples")
-    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus mass when sampling (default 1)")
-    gen.add_argument("--seed", type=int, default=None, help="random seed when sampling")
+    add_param_arguments(gen)
     gen.add_argument("--stream", action="store_true", help="print the text as it is generated")
     gen.add_argument("--tree", action="store_true", help="with --grammar: print the parse tree, not the text")
     gen.add_argument("--stats", action="store_true",
@@ -80,9 +75,7 @@ def run_generate(args: argparse.Namespace) -> int:
         generator = cached_generator(args.model, None if args.draft == "none" else args.draft, backend=args.backend,
                                      whitespace=args.whitespace, loop_guard=args.loop_guard, device=args.device,
                                      dtype=args.dtype, max_batch_size=args.max_batch_size)
-        output = generator.generate(prompt, method=args.method, max_tokens=args.max_tokens,
-                                    temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                                    stream=args.stream, **kwargs)
+        output = generator.generate(prompt, params=params_from_args(args), stream=args.stream, **kwargs)
         if args.stream:
             result = None
             for item in output:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict
 import cdsl_struct as cs
 from cdsl_struct import api
 from cdsl_struct.api import Generator
+from cdsl_struct.params import GenerationParams
 from cdsl_struct.result import Result
 from cdsl_struct.streaming import TextDeltas
 
@@ -401,3 +402,18 @@ def test_each_verb_has_one_return_type(gen):
         gen.stream(["a", "b"], choices=["yes", "no"])
     with pytest.raises(ValueError, match="stream"):
         gen.generate_batch(["a"], stream=True)
+
+
+def test_params_object_and_keyword_overrides_decode_alike(gen):
+    params = GenerationParams(max_tokens=12, stop=("\n",))
+    by_object = gen.generate("Name a colour.", regex="[a-z]+( [a-z]+)*", params=params)
+    by_keywords = gen.generate("Name a colour.", regex="[a-z]+( [a-z]+)*", max_tokens=12, stop="\n")
+    assert by_object.tokens == by_keywords.tokens
+    shorter = gen.generate("Name a colour.", regex="[a-z]+( [a-z]+)*", params=params, max_tokens=1)
+    assert len(shorter.tokens) == 1 and params.max_tokens == 12  # the override makes new params
+    with pytest.raises(cs.InvalidArgument, match="unknown generation parameter") as info:
+        gen.generate("hi", max_token=3)
+    assert info.value.param == "max_token"
+    with pytest.raises(cs.InvalidArgument) as info:
+        gen.generate("hi", keywords=["dog"], params=GenerationParams(temperature=0.7))
+    assert info.value.param == "temperature"

@@ -7,7 +7,8 @@ import sys
 from typing import Any
 
 from ..errors import CdslError
-from ..options import BACKENDS, METHODS, add_output_options
+from ..options import BACKENDS, add_output_options
+from ..params import add_param_arguments, params_from_args
 from .files import InputError
 from .job import ENGINES, BatchJob, load_json_arg, run_job
 
@@ -41,13 +42,9 @@ def add_batch_parser(commands: Any) -> argparse.ArgumentParser:
     batch.add_argument("--draft", default="auto", help="draft: auto (prompt lookup), none, bf16, layers:N ...")
     batch.add_argument("--backend", default="auto", choices=BACKENDS)
     add_output_options(batch)
-    batch.add_argument("--method", default="auto", choices=METHODS)
     batch.add_argument("--device", default="auto")
     batch.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    batch.add_argument("--max-tokens", type=int, default=256)
-    batch.add_argument("--temperature", type=float, default=0.0)
-    batch.add_argument("--top-p", type=float, default=1.0)
-    batch.add_argument("--seed", type=int, default=None)
+    add_param_arguments(batch)
     batch.add_argument("--no-chat", action="store_true",
                        help="send each prompt as it is, without the chat template (base models; no messages rows)")
     batch.add_argument("--fsync", action="store_true", help="fsync after every row (survives power loss)")
@@ -59,8 +56,7 @@ def job_from_args(args: argparse.Namespace) -> BatchJob:
     """The ``BatchJob`` the parsed arguments describe (files read here)."""
     job = BatchJob(model=args.model, draft=None if args.draft == "none" else args.draft, backend=args.backend,
                    whitespace=args.whitespace, loop_guard=args.loop_guard, device=args.device, dtype=args.dtype,
-                   method=args.method, max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                   seed=args.seed, max_batch_size=max(args.batch_size, 1), chat=not args.no_chat)
+                   params=params_from_args(args), max_batch_size=max(args.batch_size, 1), chat=not args.no_chat)
     if args.schema:
         with open(args.schema, encoding="utf-8") as handle:
             job.schema = handle.read()

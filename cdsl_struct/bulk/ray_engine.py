@@ -31,7 +31,7 @@ class DecodeActor:
             import torch
 
             torch.set_num_threads(threads)
-        self.job = BatchJob(**job)
+        self.job = BatchJob.from_dict(job)
         self.generator = self.job.generator()
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[str]]:

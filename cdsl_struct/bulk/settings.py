@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..options import DEFAULT_WHITESPACE, one_constraint
+from ..params import GenerationParams
 
 
 @dataclass
@@ -31,19 +32,15 @@ class BatchJob:
     loop_guard: bool = True
     device: str = "auto"
     dtype: str = "auto"
-    method: str = "auto"
-    max_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
+    params: GenerationParams = GenerationParams()
+    """How every row decodes (with ``seed``, the rows of one ``generate`` call sample with
+    ``seed``, ``seed + 1``, ...)."""
     max_batch_size: int = 16
     chat: bool = True
 
     def generate_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``Generator.generate`` for every row."""
-        kwargs: dict[str, Any] = {"method": self.method, "max_tokens": self.max_tokens,
-                                  "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed,
-                                  "chat": self.chat}
+        kwargs: dict[str, Any] = {"params": self.params, "chat": self.chat}
         for name in ("schema", "regex", "choices", "grammar"):
             if getattr(self, name) is not None:
                 kwargs[name] = getattr(self, name)
@@ -76,4 +73,10 @@ class BatchJob:
             raise ValueError("tools must be a non-empty list of OpenAI tool objects")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain data (what travels to a Ray actor): ``from_dict`` reads it back."""
+        return {**asdict(self), "params": self.params.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BatchJob:
+        """The job ``to_dict`` wrote."""
+        return cls(**{**data, "params": GenerationParams.from_dict(data["params"])})

@@ -14,9 +14,10 @@ from typing import Any
 
 import torch
 
+from ..params import MAX_TOP_LOGPROBS
 from .sampling import SamplingParams, distribution
 
-MAX_TOP_LOGPROBS = 20
+__all__ = ["MAX_TOP_LOGPROBS", "token_logprobs"]
 
 
 def token_logprobs(masked: torch.Tensor, tokens: Sequence[int], params: SamplingParams, top: int,

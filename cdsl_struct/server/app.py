@@ -88,8 +88,8 @@ class _Service:
         return {"id": self.model, "object": "model", "created": self.created, "owned_by": "cdsl_struct"}
 
     def _generate(self, call: GenerateCall, cancel: threading.Event, **extra: Any) -> Any:
-        return self.generator.generate(call.prompt, cancel=cancel, compile_timeout=self.compile_timeout,
-                                       **call.kwargs, **extra)
+        return self.generator.generate(call.prompt, params=call.params, cancel=cancel,
+                                       compile_timeout=self.compile_timeout, **call.kwargs, **extra)
 
     async def read(self, body: ChatCompletionRequest | CompletionRequest) -> GenerateCall:
         """The request's ``GenerateCall``, read off the event loop (a client's grammar builds a

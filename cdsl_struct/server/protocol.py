@@ -19,8 +19,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..constraints.specs import Grammar
-from ..decoding.logprobs import MAX_TOP_LOGPROBS
+from ..errors import InvalidArgument
 from ..options import ConflictingConstraints, one_constraint
+from ..params import MAX_TOP_LOGPROBS, GenerationParams
 from .errors import APIError
 
 
@@ -157,12 +158,14 @@ class ChatMessage(_Model):
     tool_call_id: str | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class GenerateCall:
-    """What one request asks of the Generator: the prompt, keyword arguments, and which field
-    carried the constraint (the ``param`` of a compile error)."""
+    """What one request asks of the Generator: the prompt, how to decode it (``params``), what
+    under (``kwargs``: the constraint, tools, keywords, ``chat``), and which field carried the
+    constraint (the ``param`` of a compile error)."""
 
     prompt: Any
+    params: GenerationParams = GenerationParams()
     kwargs: dict[str, Any] = field(default_factory=dict)
     constraint_param: str | None = None
     n: int = 1
@@ -208,9 +211,7 @@ class _GenerationRequest(_Model):
         if self.n > 1 and self.stream:
             raise APIError(400, "n > 1 cannot be streamed; send n=1 streams or a non-streamed request.",
                            param="n", code="unsupported_parameter")
-        stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
-        if len(stops) > 4 or not all(stops):
-            raise APIError(400, "stop takes up to 4 non-empty strings.", param="stop", code="invalid_value")
+        stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])  # count: GenerationParams
         if any(len(stop) > limits.max_stop_chars for stop in stops):
             raise APIError(400, f"a stop string may have at most {limits.max_stop_chars} characters.", param="stop",
                            code="invalid_value")
@@ -267,16 +268,23 @@ class _GenerationRequest(_Model):
 
             raise from_exception(exc, param="grammar") from exc
 
-    def _sampling(self, default_max_tokens: int, max_tokens: int | None, limits: ServerLimits) -> dict[str, Any]:
+    def _params(self, default_max_tokens: int, max_tokens: int | None, limits: ServerLimits,
+                logprobs: int | None) -> GenerationParams:
+        """The request's ``GenerationParams`` (fields it leaves out take the library's defaults)."""
         if max_tokens is not None and max_tokens > limits.max_tokens:
             raise APIError(400, f"max_tokens={max_tokens} is over this server's limit of {limits.max_tokens}.",
                            param="max_tokens", code="invalid_value")
-        kwargs: dict[str, Any] = {"max_tokens": min(max_tokens or default_max_tokens, limits.max_tokens)}
-        for name in ("temperature", "top_p", "seed", "method", "keywords", "stop", "presence_penalty",
-                     "frequency_penalty"):
-            if getattr(self, name) is not None:
-                kwargs[name] = getattr(self, name)
-        return kwargs
+        given = {name: getattr(self, name) for name in ("temperature", "top_p", "seed", "method", "stop",
+                                                         "presence_penalty", "frequency_penalty")
+                 if getattr(self, name) is not None}
+        try:
+            return GenerationParams(max_tokens=min(max_tokens or default_max_tokens, limits.max_tokens),
+                                    logprobs=logprobs, **given)
+        except InvalidArgument as exc:
+            raise APIError(400, str(exc), param=exc.param, code="invalid_value") from None
+
+    def _extensions(self) -> dict[str, Any]:
+        return {"keywords": self.keywords} if self.keywords is not None else {}
 
     @property
     def include_usage(self) -> bool:
@@ -305,9 +313,9 @@ class ChatCompletionRequest(_GenerationRequest):
         kwargs, param = self._sized_constraint(limits)
         if "schema" in kwargs and self.tools:
             param = "response_format"
-        kwargs.update(self._sampling(default_max_tokens, self.max_completion_tokens or self.max_tokens, limits))
-        if self.logprobs:
-            kwargs["logprobs"] = self.top_logprobs or 0
+        params = self._params(default_max_tokens, self.max_completion_tokens or self.max_tokens, limits,
+                              (self.top_logprobs or 0) if self.logprobs else None)
+        kwargs.update(self._extensions())
         tools = [tool.model_dump(exclude_none=True) for tool in self.tools] if self.tools else None
         if tools:
             for i, tool in enumerate(tools):
@@ -321,7 +329,8 @@ class ChatCompletionRequest(_GenerationRequest):
             kwargs["tool_choice"] = choice.model_dump() if named else choice
         messages = [message.model_dump(exclude_none=True) for message in self.messages]
         prompt: Any = messages if self.n == 1 else [messages] * self.n
-        return GenerateCall(prompt=prompt, kwargs=kwargs, constraint_param=param, n=self.n, named_tool=named)
+        return GenerateCall(prompt=prompt, params=params, kwargs=kwargs, constraint_param=param, n=self.n,
+                            named_tool=named)
 
 
 class CompletionRequest(_GenerationRequest):
@@ -360,12 +369,10 @@ class CompletionRequest(_GenerationRequest):
                 raise APIError(400, "A list of prompts cannot be streamed; send them one by one.",
                                param="prompt", code="unsupported_parameter")
         kwargs, param = self._sized_constraint(limits)
-        kwargs.update(self._sampling(default_max_tokens, self.max_tokens, limits))
-        if self.logprobs is not None:
-            kwargs["logprobs"] = self.logprobs
-        kwargs["chat"] = self.chat
+        params = self._params(default_max_tokens, self.max_tokens, limits, self.logprobs)
+        kwargs.update(self._extensions(), chat=self.chat)
         if self.n > 1:  # prompt-major, as OpenAI orders the choices
             prompts = prompt if isinstance(prompt, list) else [prompt]
             prompt = [p for p in prompts for _ in range(self.n)]
-        return GenerateCall(prompt=prompt, kwargs=kwargs, constraint_param=param, n=self.n)
+        return GenerateCall(prompt=prompt, params=params, kwargs=kwargs, constraint_param=param, n=self.n)
 

@@ -8,6 +8,7 @@ import pytest
 
 from cdsl_struct.bulk import BatchJob, run_job
 from cdsl_struct.cli import main
+from cdsl_struct.params import GenerationParams
 
 ROWS = [
     {"id": 1, "prompt": "Is Paris in France? Answer yes or no.", "source": "geo"},
@@ -30,7 +31,7 @@ def read_output(path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def job():
-    return BatchJob(choices=["yes", "no"], max_tokens=4, draft=None, max_batch_size=4)
+    return BatchJob(choices=["yes", "no"], params=GenerationParams(max_tokens=4), draft=None, max_batch_size=4)
 
 
 def test_rows_decoded_once_valid_and_resumable(tmp_path, job, one_torch_thread):
@@ -77,3 +78,10 @@ def test_cli_bad_constraint_fails_before_any_row(tmp_path, capsys):
     write_input(src, ROWS[:1])
     assert main(["batch", str(src), str(out), "--regex", "(a", "--no-progress"]) == 2
     assert "invalid regex" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_job_travels_as_plain_data_and_comes_back_equal():
+    job = BatchJob(regex="[a-z]+", params=GenerationParams(method="target", max_tokens=5, stop=("x",), seed=3))
+    data = job.to_dict()
+    assert json.loads(json.dumps(data)) == data  # what a Ray actor receives is plain data
+    assert BatchJob.from_dict(data) == job

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from cdsl_struct.bulk import BatchJob, run_job
+from cdsl_struct.params import GenerationParams
 
 pytest.importorskip("ray.data")  # the extra `ray`, installed by `make test`
 
@@ -49,8 +50,8 @@ def tiny_model_dir(tmp_path_factory):
 def test_ray_engine_matches_local_engine(tmp_path, tiny_model_dir):
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in rows()), encoding="utf-8")
-    job = BatchJob(regex="[a-z]{2}", max_tokens=4, draft=None, max_batch_size=50, model=tiny_model_dir,
-                   chat=False)  # no template: the varying words are the last tokens the tiny model sees
+    job = BatchJob(regex="[a-z]{2}", params=GenerationParams(max_tokens=4), draft=None, max_batch_size=50,
+                   model=tiny_model_dir, chat=False)  # no template: the varying words are the last tokens it sees
 
     started = time.perf_counter()
     ray_summary = run_job(job, src, tmp_path / "ray.jsonl", engine="ray", actors=2, chunk_size=50, progress=False)

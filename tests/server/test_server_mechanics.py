@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from cdsl_struct.errors import CompileTimeout, GrammarSyntaxError, InvalidSchema, RollbackError, UnsupportedFeature
+from cdsl_struct.params import GenerationParams
 from cdsl_struct.result import Result
 from cdsl_struct.tools import ToolCall
 
@@ -44,9 +45,12 @@ class FakeGenerator:
     started: threading.Event = field(default_factory=threading.Event)
     calls: list = field(default_factory=list)
 
-    def generate(self, prompt, *, stream=False, chat=True, cancel=None, **kwargs):
+    def generate(self, prompt, *, params=None, stream=False, chat=True, cancel=None, **kwargs):
         if isinstance(prompt, list) and isinstance(prompt[0], (str, list)):
-            return [self.generate(one, chat=chat, cancel=cancel, **kwargs) for one in prompt]
+            return [self.generate(one, params=params, chat=chat, cancel=cancel, **kwargs) for one in prompt]
+        assert isinstance(params, GenerationParams)
+        default = GenerationParams().to_dict()
+        kwargs = {**{k: v for k, v in params.to_dict().items() if k == "max_tokens" or v != default[k]}, **kwargs}
         self.calls.append((prompt, kwargs))
         text = prompt if isinstance(prompt, str) else prompt[-1]["content"]
         if text == "block":
@@ -64,7 +68,7 @@ class FakeGenerator:
             raise UnsupportedFeature("lookbehind is not supported", feature="lookbehind")
         if kwargs.get("schema") == {"type": "nonsense"}:
             raise InvalidSchema("'nonsense' is not valid under any of the given schemas")
-        if kwargs.get("temperature", 0) > 1.5:
+        if params.temperature > 1.5:
             raise ValueError("temperature too high for this fake")
         if text == "dead":
             result = Result(text="{", tokens=[1], finish_reason="constraint_dead_end", complete=False)
@@ -223,7 +227,7 @@ for _ in range(9):
     ({"temperature": 1.9}, "invalid_value", None, "temperature too high"),
     ({"n": 9}, "invalid_value", "n", "n=9"),
     ({"n": 2, "stream": True}, "unsupported_parameter", "n", "cannot be streamed"),
-    ({"stop": ["a", "b", "c", "d", "e"]}, "invalid_value", "stop", "up to 4"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "invalid_value", "stop", "at most 4 stop strings"),
     ({"max_tokens": 5000}, "invalid_value", "max_tokens", "limit of 4096"),
     ({"extra_body": {"regex": "a" * 70_000}}, "constraint_too_large", "regex", "at most"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": DEEP}}},
