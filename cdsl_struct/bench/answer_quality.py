@@ -240,7 +240,7 @@ def run_quality(data_dir: str | Path, config: QualityConfig, progress: bool = Tr
     prompt once: tasks go in chunks of ``concurrency``, and each chunk is answered in every
     setting (the order rotates from chunk to chunk, so no setting always pays the prefill).
     """
-    from ..models.loading import load_model
+    from ..models import load_model
 
     loaded = load_model(config.model)
     generator = _switching_generator(loaded, config)

@@ -28,11 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from ..constraints import Grammar, Regex, compile
-from ..decoding import decode
-from ..decoding.lookahead import CDLH, CDSL, CDSL_STATES, GuidedDraft
-from ..decoding.sampling import SamplingParams
-from ..models.loading import load_model
-from ..models.runner import ModelRunner, self_draft
+from ..decoding import CDLH, CDSL, CDSL_STATES, GuidedDraft, SamplingParams, decode
+from ..models import ModelRunner, load_model, self_draft
 from ..rewards import KeywordCoverage
 from . import quality
 from .maskbench import read_jsonl

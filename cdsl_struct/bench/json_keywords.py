@@ -22,10 +22,8 @@ from typing import Any
 import jsonschema
 
 from ..constraints import JsonSchema, compile
-from ..decoding import decode
-from ..decoding.lookahead import CDSL, CDSL_STATES
-from ..models.loading import load_model
-from ..models.runner import ModelRunner, self_draft
+from ..decoding import CDSL, CDSL_STATES, decode
+from ..models import ModelRunner, load_model, self_draft
 from ..rewards import KeywordCoverage
 from . import quality
 from .commongen import METHODS, CommonGenConfig, load_cases, make_strategy

@@ -29,8 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..constraints import JsonSchema, TokenVocabulary, compile
-from ..constraints.mask import allocate_bitmask, is_allowed
+from ..constraints import JsonSchema, TokenVocabulary, allocate_bitmask, compile, is_allowed
 from ..errors import CdslError, CompileTimeout
 
 STATUSES = ("passing", "compile_error", "timeout", "validation_error", "invalidation_error")

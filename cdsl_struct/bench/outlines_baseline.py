@@ -17,7 +17,8 @@ import json
 import time
 from typing import Any
 
-from ..constraints.whitespace import DEFAULT_WHITESPACE, WhitespacePolicy
+from ..constraints import WhitespacePolicy
+from ..options import DEFAULT_WHITESPACE
 
 
 class OutlinesBaseline:

@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterable
 from functools import lru_cache
 
-from ..rewards.keywords import inflections
+from ..rewards import inflections
 
 LOOSE_SENTENCE = r"[A-Z][a-z]*( [A-Za-z,']+){2,24}\."
 WORD_LIST_SIZE = 30000

@@ -56,7 +56,7 @@ def run_serve_bench(config: ServeBenchConfig) -> dict[str, Any]:
     import jsonschema
     from openai import OpenAI
 
-    from ..models.tokenizers import load_tokenizer
+    from ..models import load_tokenizer
 
     tokenizer = load_tokenizer(config.tokenizer)
     client = OpenAI(base_url=config.base_url, api_key="none", max_retries=0, timeout=600)

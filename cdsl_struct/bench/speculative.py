@@ -22,12 +22,10 @@ from typing import Any
 
 import torch
 
-from ..constraints import Grammar, JsonSchema, Regex, compile
-from ..constraints.mask import allocate_bitmask, apply_bitmask
-from ..constraints.whitespace import DEFAULT_WHITESPACE
+from ..constraints import Grammar, JsonSchema, Regex, allocate_bitmask, apply_bitmask, compile
 from ..decoding import build_proposers, decode
-from ..models.loading import load_model
-from ..models.runner import ModelRunner, self_draft
+from ..models import ModelRunner, load_model, self_draft
+from ..options import DEFAULT_WHITESPACE
 from .maskbench import read_jsonl
 
 DEFAULT_TASKS: list[dict[str, Any]] = [
@@ -306,11 +304,11 @@ def _describe(result: Any, wall: float) -> dict[str, Any]:
 
 def _outlines_index(spec: Any, compiled: Any) -> Any:
     """outlines-core's own index for (c), or None where it cannot express the spec."""
-    from ..constraints.backends.outlines_core_backend import BACKEND as OUTLINES
+    from ..constraints.backends import get_backend
     from ..errors import CompileError
 
     try:
-        program = OUTLINES.compile(spec, compiled.vocabulary, compiled.whitespace)
+        program = get_backend("outlines-core").compile(spec, compiled.vocabulary, compiled.whitespace)
     except CompileError:
         return None
     return program.index

@@ -17,8 +17,7 @@ from typing import Any
 
 import torch
 
-from ..models.batch import BatchRunner, Feed
-from ..models.loading import load_model
+from ..models import BatchRunner, Feed, load_model
 
 
 @dataclass

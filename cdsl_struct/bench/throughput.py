@@ -30,12 +30,8 @@ from typing import Any
 import torch
 
 from ..constraints import Choice, JsonSchema, Regex, compile
-from ..decoding import build_proposers, decode
-from ..decoding.engine import BatchEngine, Request
-from ..decoding.sampling import SamplingParams
-from ..models.batch import BatchRunner
-from ..models.loading import load_model
-from ..models.runner import ModelRunner
+from ..decoding import BatchEngine, Request, SamplingParams, build_proposers, decode
+from ..models import BatchRunner, ModelRunner, load_model
 from ..prompts import prompt_ids
 from .speculative import OutlinesCoreLogitsProcessor, _outlines_index
 

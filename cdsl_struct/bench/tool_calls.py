@@ -54,7 +54,7 @@ class ToolBenchConfig:
 def run_tool_bench(config: ToolBenchConfig, loaded: Any = None) -> dict[str, Any]:
     """Both settings over the same requests; rows and a summary per setting."""
     from ..api import Generator
-    from ..models.loading import load_model
+    from ..models import load_model
 
     loaded = loaded or load_model(config.model)
     prompts = [REQUESTS[i % len(REQUESTS)] for i in range(config.requests)]

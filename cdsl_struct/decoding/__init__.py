@@ -2,11 +2,18 @@
 models) and the reward-steered strategies (``decoding.lookahead``)."""
 
 from .engine import BatchEngine, Request, decode
+from .lookahead import CDLH, CDSL, CDSL_STATES, GuidedDraft
 from .loop import Proposal, Proposer, Session, forced_proposer
 from .proposers import DraftModelProposer, PromptLookupProposer, build_proposers
 from .sampling import SamplingParams
+from .strategy import Strategy
 
 __all__ = [
+    "CDLH",
+    "CDSL",
+    "CDSL_STATES",
+    "GuidedDraft",
+    "Strategy",
     "BatchEngine",
     "DraftModelProposer",
     "PromptLookupProposer",

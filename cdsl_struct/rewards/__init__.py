@@ -6,7 +6,7 @@ constraint already allows.
 
 from .base import CallableReward, MinReward, Reward, RewardError, WeightedMean, checked_score
 from .harmlessness import Harmlessness
-from .keywords import KeywordCoverage
+from .keywords import KeywordCoverage, inflections
 from .progress import RegexMatch, SchemaProgress
 
 __all__ = [
@@ -20,4 +20,5 @@ __all__ = [
     "SchemaProgress",
     "WeightedMean",
     "checked_score",
+    "inflections",
 ]
