@@ -100,6 +100,13 @@ def _add_bench_parsers(commands: Any) -> None:
     served.add_argument("--tokenizer", default="smollm2", help="re-tokenises the answers for a fair token count")
     served.add_argument("--label", default="", help="name of the server in the table")
     served.add_argument("--json", dest="json_out", help="write rows and summary here")
+    served.add_argument("--against", metavar="URL", default=None,
+                        help="also send the same requests to this OpenAI-compatible server (e.g. vLLM), "
+                             "alternating with --url round by round, and report the side-by-side ratio")
+    served.add_argument("--against-model", default=None, help="--against: the model name it serves (default --model)")
+    served.add_argument("--against-label", default="", help="--against: its name in the table")
+    served.add_argument("--rounds", type=int, default=2,
+                        help="--against: rounds of both servers, order flipped each round (default 2)")
 
     soak = bench.add_parser("soak", help="many clients for many minutes mixing well-formed, hostile and "
                                          "disconnecting requests: exactly-once answers, no 5xx, flat memory")
@@ -255,20 +262,27 @@ def _throughput(args: argparse.Namespace) -> int:
 
 def _serve_bench(args: argparse.Namespace) -> int:
     from .bench.serving import ServeBenchConfig, format_table, run_serve_bench
+    from .bench.serving_mix import MixConfig, format_mix_table, run_mix_bench
 
-    if args.mix:
-        from .bench.serving_mix import MixConfig, format_mix_table, run_mix_bench
+    def run(url: str, model: str, label: str) -> dict[str, Any]:
+        if args.mix:
+            return run_mix_bench(MixConfig(base_url=url, model=model, requests=args.requests, clients=args.clients,
+                                           serial_requests=args.serial_requests, max_tokens=args.max_tokens,
+                                           label=label))
+        return run_serve_bench(ServeBenchConfig(
+            base_url=url, model=model, requests=args.requests, max_tokens=args.max_tokens, tokenizer=args.tokenizer,
+            concurrency=tuple(int(c) for c in args.concurrency.split(",") if c.strip()), label=label))
 
-        mix = MixConfig(base_url=args.url, model=args.model, requests=args.requests, clients=args.clients,
-                        serial_requests=args.serial_requests, max_tokens=args.max_tokens, label=args.label)
-        report = run_mix_bench(mix)
-        return _report(report, format_mix_table(report), args.json_out)
+    if args.against:
+        from .bench.serve_compare import Server, compare_servers, format_comparison
 
-    config = ServeBenchConfig(base_url=args.url, model=args.model, requests=args.requests,
-                              concurrency=tuple(int(c) for c in args.concurrency.split(",") if c.strip()),
-                              max_tokens=args.max_tokens, tokenizer=args.tokenizer, label=args.label)
-    report = run_serve_bench(config)
-    return _report(report, format_table(report), args.json_out)
+        ours = Server(args.label or "ours", args.url, args.model)
+        theirs = Server(args.against_label or "theirs", args.against, args.against_model or args.model)
+        report = compare_servers(lambda server: run(server.base_url, server.model, server.label), ours, theirs,
+                                 rounds=args.rounds)
+        return _report(report, format_comparison(report), args.json_out)
+    report = run(args.url, args.model, args.label)
+    return _report(report, format_mix_table(report) if args.mix else format_table(report), args.json_out)
 
 
 def _commongen_arguments(gen: argparse.ArgumentParser) -> None:
