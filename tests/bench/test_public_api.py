@@ -10,8 +10,9 @@ def _packages() -> set[str]:
 
 
 def _public(module: str, packages: set[str]) -> bool:
-    """``cdsl_struct.x`` (a top-level module or package) or a package at any depth."""
-    return module in packages or module.count(".") == 1
+    """``cdsl_struct.x`` (a top-level module or package), a package at any depth, or an
+    integration (``cdsl_struct.integrations.vllm``: each is a module users import)."""
+    return module in packages or module.count(".") == 1 or module.startswith("cdsl_struct.integrations.")
 
 
 def test_benchmarks_import_only_public_modules():

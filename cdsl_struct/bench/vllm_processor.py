@@ -1,0 +1,103 @@
+"""``cdsl-struct bench vllm``: our logits processor against vLLM's own XGrammar backend, in one
+vLLM engine, on the same json_schema requests (run it where vLLM is installed: ``.venv-vllm``).
+
+One offline ``LLM`` on the embedded SmolLM2 with ``CdslLogitsProcessor`` loaded. Each round sends
+the requests (``bench serve``'s name/age/city prompts, greedy, ``max_tokens``) under XGrammar
+(``StructuredOutputsParams(json=...)``) and under ours (``constraint_args(schema=...)``), the
+order flipped every round, both one at a time and all at once. Reported per backend and mode:
+wall summed over the rounds, completion tokens, valid JSON, and ours / XGrammar throughput in
+tokens per second (the two may spell the same JSON with different whitespace, so the token
+counts are shown beside the walls).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .serving import PERSON_SCHEMA, prompts
+
+BACKENDS = ("xgrammar", "cdsl")
+
+
+@dataclass
+class VllmBenchConfig:
+    """What to run: requests per round, rounds, and the output budget."""
+
+    requests: int = 16
+    rounds: int = 2
+    max_tokens: int = 60
+    model: str = "smollm2"
+
+
+def run_vllm_bench(config: VllmBenchConfig) -> dict[str, Any]:
+    """Both backends, alternating, one at a time and all at once; summed per (backend, mode)."""
+    from vllm import LLM
+
+    from ..integrations.vllm import CdslLogitsProcessor, vllm_model_dir
+
+    llm = LLM(model=str(vllm_model_dir(config.model)), logits_processors=[CdslLogitsProcessor], dtype="float32",
+              max_model_len=2048, seed=0)
+    messages = [[{"role": "user", "content": p}] for p in prompts(config.requests)]
+    for backend in BACKENDS:  # warm-up: compiles and caches, not timed
+        _generate(llm, messages[:1], backend, config.max_tokens)
+    totals = {(b, m): {"wall_s": 0.0, "tokens": 0, "valid": 0, "requests": 0} for b in BACKENDS
+              for m in ("one_at_a_time", "all_at_once")}
+    for round_index in range(config.rounds):
+        for backend in BACKENDS if round_index % 2 == 0 else BACKENDS[::-1]:
+            for mode, groups in (("one_at_a_time", [[m] for m in messages]), ("all_at_once", [messages])):
+                started = time.perf_counter()
+                texts = [text for group in groups for text in _generate(llm, group, backend, config.max_tokens)]
+                total = totals[(backend, mode)]
+                total["wall_s"] += time.perf_counter() - started
+                total["tokens"] += sum(tokens for _, tokens in texts)
+                total["valid"] += sum(_valid(text) for text, _ in texts)
+                total["requests"] += len(texts)
+    rows = [{"backend": b, "mode": m, **{k: round(v, 3) if isinstance(v, float) else v for k, v in t.items()},
+             "tokens_per_s": round(t["tokens"] / t["wall_s"], 2)} for (b, m), t in totals.items()]
+    ratios = {mode: round(_row(rows, "cdsl", mode)["tokens_per_s"] / _row(rows, "xgrammar", mode)["tokens_per_s"], 3)
+              for mode in ("one_at_a_time", "all_at_once")}
+    return {"config": asdict(config), "rows": rows, "throughput_ratio": ratios}
+
+
+def _generate(llm: Any, messages: list[Any], backend: str, max_tokens: int) -> list[tuple[str, int]]:
+    from vllm import SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    from ..integrations.vllm import constraint_args
+
+    if backend == "xgrammar":
+        params = SamplingParams(max_tokens=max_tokens, temperature=0,
+                                structured_outputs=StructuredOutputsParams(json=PERSON_SCHEMA))
+    else:
+        params = SamplingParams(max_tokens=max_tokens, temperature=0, extra_args=constraint_args(schema=PERSON_SCHEMA))
+    outputs = llm.chat(messages, params, use_tqdm=False)
+    return [(o.outputs[0].text, len(o.outputs[0].token_ids)) for o in outputs]
+
+
+def _valid(text: str) -> bool:
+    import jsonschema
+
+    try:
+        jsonschema.validate(json.loads(text), PERSON_SCHEMA)
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return True
+
+
+def _row(rows: list[dict[str, Any]], backend: str, mode: str) -> dict[str, Any]:
+    return next(r for r in rows if r["backend"] == backend and r["mode"] == mode)
+
+
+def format_vllm_table(report: dict[str, Any]) -> str:
+    """The rows as a markdown table, with ours / XGrammar throughput per mode."""
+    ratio = report["throughput_ratio"]
+    lines = [f"ours / XGrammar throughput (tokens/s): one at a time {ratio['one_at_a_time']}, "
+             f"all at once {ratio['all_at_once']}", "",
+             "| backend | mode | wall s | tokens | tok/s | valid |", "|---|---|---:|---:|---:|---:|"]
+    for r in report["rows"]:
+        lines.append(f"| {r['backend']} | {r['mode']} | {r['wall_s']} | {r['tokens']} | {r['tokens_per_s']} | "
+                     f"{r['valid']}/{r['requests']} |")
+    return "\n".join(lines)

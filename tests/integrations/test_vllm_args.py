@@ -1,0 +1,49 @@
+"""The request side of the vLLM integration (no vLLM needed): the ``extra_args`` that carry a
+constraint, read back into the spec ``compile`` takes, and refused when malformed."""
+
+import json
+
+import pytest
+from pydantic import BaseModel
+
+from cdsl_struct.constraints import Choice, Grammar, JsonSchema, Regex
+from cdsl_struct.errors import GrammarSyntaxError, InvalidSchema
+from cdsl_struct.integrations.vllm import compile_request, constraint_args, spec_from_args
+from cdsl_struct.options import ConflictingConstraints
+
+
+class Person(BaseModel):
+    name: str
+    age: int
+
+
+def test_each_constraint_round_trips_through_plain_extra_args():
+    args = constraint_args(schema=Person, whitespace="compact")
+    assert isinstance(args["cdsl_schema"], str)  # vllm_xargs holds strings, numbers and lists only
+    spec, options = spec_from_args(json.loads(json.dumps(args)))
+    assert isinstance(spec, JsonSchema) and spec.schema["required"] == ["name", "age"]
+    assert options == {"whitespace": "compact"}
+    assert isinstance(spec_from_args(constraint_args(regex="[0-9]+"))[0], Regex)
+    assert isinstance(spec_from_args(constraint_args(grammar='start: "a"+'))[0], Grammar)
+    assert isinstance(spec_from_args(constraint_args(choices=["yes", "no"]))[0], Choice)
+    assert spec_from_args(None) is None and spec_from_args({"other_processor_arg": 1}) is None
+
+
+def test_bad_arguments_are_refused_with_typed_errors():
+    with pytest.raises(ConflictingConstraints):
+        constraint_args(regex="a", choices=["a"])
+    with pytest.raises(ConflictingConstraints):
+        spec_from_args({"cdsl_regex": "a", "cdsl_schema": "{}"})
+    with pytest.raises(ValueError, match="unknown constraint argument 'cdsl_shema'"):
+        spec_from_args({"cdsl_shema": "{}"})
+    with pytest.raises(InvalidSchema):
+        spec_from_args({"cdsl_schema": "{not json"})
+    with pytest.raises(GrammarSyntaxError):
+        spec_from_args({"cdsl_grammar": "start: ("})
+
+
+def test_a_request_compiles_for_the_served_tokenizer():
+    compiled = compile_request(constraint_args(choices=["yes", "no"]), "smollm2")
+    state = compiled.new_state()
+    assert state.vocabulary.eos_token_ids and not state.is_complete()
+    assert compile_request({"temperature_hint": 1}, "smollm2") is None
