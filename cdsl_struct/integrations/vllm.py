@@ -51,6 +51,7 @@ from typing import Any
 from ..constraints import Choice, CompiledConstraint, ConstraintState, Grammar, JsonSchema, Regex, TokenVocabulary
 from ..constraints import compile as compile_constraint
 from ..constraints.mask import allocate_bitmask, apply_bitmask, clear_bitmask, set_bit
+from ..errors import CdslError
 from ..options import one_constraint
 
 try:  # vLLM is optional: without it, the request helpers still work and the processor says what to install
@@ -178,10 +179,15 @@ class CdslLogitsProcessor(LogitsProcessor):
         (a bad one is a ``ValueError``, which vLLM answers with 400), else check its spec."""
         extra = getattr(sampling_params, "extra_args", None)
         tokenizer = os.environ.get(TOKENIZER_ENV) or cls._tokenizer_seen
-        if tokenizer:
-            compile_request(extra, tokenizer)
-        else:
-            spec_from_args(extra)
+        try:
+            if tokenizer:
+                compile_request(extra, tokenizer)
+            else:
+                spec_from_args(extra)
+        except CdslError as exc:  # vLLM answers a ValueError with 400; the typed error stays the cause
+            if isinstance(exc, ValueError):
+                raise
+            raise ValueError(f"{type(exc).__name__}: {exc}") from exc
 
     def __init__(self, vllm_config: Any, device: Any, is_pin_memory: bool) -> None:
         if LogitsProcessor is object:
