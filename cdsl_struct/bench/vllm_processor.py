@@ -59,7 +59,7 @@ def run_vllm_bench(config: VllmBenchConfig) -> dict[str, Any]:
              "tokens_per_s": round(t["tokens"] / t["wall_s"], 2)} for (b, m), t in totals.items()]
     ratios = {mode: round(_row(rows, "cdsl", mode)["tokens_per_s"] / _row(rows, "xgrammar", mode)["tokens_per_s"], 3)
               for mode in ("one_at_a_time", "all_at_once")}
-    return {"config": asdict(config), "rows": rows, "throughput_ratio": ratios}
+    return {"config": asdict(config), "summary": {"rows": rows, "throughput_ratio": ratios}}
 
 
 def _generate(llm: Any, messages: list[Any], backend: str, max_tokens: int) -> list[tuple[str, int]]:
@@ -93,11 +93,11 @@ def _row(rows: list[dict[str, Any]], backend: str, mode: str) -> dict[str, Any]:
 
 def format_vllm_table(report: dict[str, Any]) -> str:
     """The rows as a markdown table, with ours / XGrammar throughput per mode."""
-    ratio = report["throughput_ratio"]
+    ratio = report["summary"]["throughput_ratio"]
     lines = [f"ours / XGrammar throughput (tokens/s): one at a time {ratio['one_at_a_time']}, "
              f"all at once {ratio['all_at_once']}", "",
              "| backend | mode | wall s | tokens | tok/s | valid |", "|---|---|---:|---:|---:|---:|"]
-    for r in report["rows"]:
+    for r in report["summary"]["rows"]:
         lines.append(f"| {r['backend']} | {r['mode']} | {r['wall_s']} | {r['tokens']} | {r['tokens_per_s']} | "
                      f"{r['valid']}/{r['requests']} |")
     return "\n".join(lines)
