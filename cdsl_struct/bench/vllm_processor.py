@@ -7,7 +7,8 @@ the requests (``bench serve``'s name/age/city prompts, greedy, ``max_tokens``) u
 order flipped every round, both one at a time and all at once. Reported per backend and mode:
 wall summed over the rounds, completion tokens, valid JSON, and ours / XGrammar throughput in
 tokens per second (the two may spell the same JSON with different whitespace, so the token
-counts are shown beside the walls).
+counts are shown beside the walls, with the longest output: all at once, the batch lasts as long
+as its longest row).
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ def run_vllm_bench(config: VllmBenchConfig) -> dict[str, Any]:
     messages = [[{"role": "user", "content": p}] for p in prompts(config.requests)]
     for backend in BACKENDS:  # warm-up: compiles and caches, not timed
         _generate(llm, messages[:1], backend, config.max_tokens)
-    totals = {(b, m): {"wall_s": 0.0, "tokens": 0, "valid": 0, "requests": 0} for b in BACKENDS
-              for m in ("one_at_a_time", "all_at_once")}
+    totals = {(b, m): {"wall_s": 0.0, "tokens": 0, "longest": 0, "length": 0, "valid": 0, "requests": 0}
+              for b in BACKENDS for m in ("one_at_a_time", "all_at_once")}
     for round_index in range(config.rounds):
         for backend in BACKENDS if round_index % 2 == 0 else BACKENDS[::-1]:
             for mode, groups in (("one_at_a_time", [[m] for m in messages]), ("all_at_once", [messages])):
@@ -52,8 +53,10 @@ def run_vllm_bench(config: VllmBenchConfig) -> dict[str, Any]:
                 texts = [text for group in groups for text in _generate(llm, group, backend, config.max_tokens)]
                 total = totals[(backend, mode)]
                 total["wall_s"] += time.perf_counter() - started
-                total["tokens"] += sum(tokens for _, tokens in texts)
-                total["valid"] += sum(_valid(text) for text, _ in texts)
+                total["tokens"] += sum(tokens for _, tokens, _ in texts)
+                total["longest"] = max(total["longest"], *(tokens for _, tokens, _ in texts))
+                total["length"] += sum(finish == "length" for _, _, finish in texts)
+                total["valid"] += sum(_valid(text) for text, _, _ in texts)
                 total["requests"] += len(texts)
     rows = [{"backend": b, "mode": m, **{k: round(v, 3) if isinstance(v, float) else v for k, v in t.items()},
              "tokens_per_s": round(t["tokens"] / t["wall_s"], 2)} for (b, m), t in totals.items()]
@@ -62,7 +65,7 @@ def run_vllm_bench(config: VllmBenchConfig) -> dict[str, Any]:
     return {"config": asdict(config), "summary": {"rows": rows, "throughput_ratio": ratios}}
 
 
-def _generate(llm: Any, messages: list[Any], backend: str, max_tokens: int) -> list[tuple[str, int]]:
+def _generate(llm: Any, messages: list[Any], backend: str, max_tokens: int) -> list[tuple[str, int, str]]:
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
@@ -74,7 +77,7 @@ def _generate(llm: Any, messages: list[Any], backend: str, max_tokens: int) -> l
     else:
         params = SamplingParams(max_tokens=max_tokens, temperature=0, extra_args=constraint_args(schema=PERSON_SCHEMA))
     outputs = llm.chat(messages, params, use_tqdm=False)
-    return [(o.outputs[0].text, len(o.outputs[0].token_ids)) for o in outputs]
+    return [(o.outputs[0].text, len(o.outputs[0].token_ids), o.outputs[0].finish_reason) for o in outputs]
 
 
 def _valid(text: str) -> bool:
@@ -96,8 +99,9 @@ def format_vllm_table(report: dict[str, Any]) -> str:
     ratio = report["summary"]["throughput_ratio"]
     lines = [f"ours / XGrammar throughput (tokens/s): one at a time {ratio['one_at_a_time']}, "
              f"all at once {ratio['all_at_once']}", "",
-             "| backend | mode | wall s | tokens | tok/s | valid |", "|---|---|---:|---:|---:|---:|"]
+             "| backend | mode | wall s | tokens | longest | cut by max_tokens | tok/s | valid |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in report["summary"]["rows"]:
-        lines.append(f"| {r['backend']} | {r['mode']} | {r['wall_s']} | {r['tokens']} | {r['tokens_per_s']} | "
-                     f"{r['valid']}/{r['requests']} |")
+        lines.append(f"| {r['backend']} | {r['mode']} | {r['wall_s']} | {r['tokens']} | {r['longest']} | "
+                     f"{r['length']} | {r['tokens_per_s']} | {r['valid']}/{r['requests']} |")
     return "\n".join(lines)
