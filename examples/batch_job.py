@@ -15,6 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from cdsl_struct import GenerationParams
 from cdsl_struct.bulk import BatchJob, run_job
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 30},
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(tempfile.mkdtemp(prefix="cdsl-batch-"))
     source, target = folder / "in.jsonl", folder / "out.jsonl"
     source.write_text("".join(json.dumps(row) + "\n" for row in ROWS), encoding="utf-8")
-    job = BatchJob(schema=SCHEMA, max_tokens=40, draft="auto")
+    job = BatchJob(schema=SCHEMA, params=GenerationParams(max_tokens=40), draft="auto")
     summary = run_job(job, source, target, engine=args.engine, chunk_size=2, progress=False)
     for line in target.read_text(encoding="utf-8").splitlines():
         row = json.loads(line)

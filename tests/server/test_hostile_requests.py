@@ -149,7 +149,7 @@ REFUSED = {
     "n of a billion": (chat_body(n=10**9), "n", "invalid_value", "n=1000000000"),
     "n of 2**70": (chat_body(n=2**70), "n", "invalid_value", "limit"),
     "n of 2**70 on completions": ({"prompt": "x", "n": 2**70}, "n", "invalid_value", "limit"),
-    "10,000 stop strings": (chat_body(stop=[f"s{i}" for i in range(10_000)]), "stop", "invalid_value", "up to 4"),
+    "10,000 stop strings": (chat_body(stop=[f"s{i}" for i in range(10_000)]), "stop", "invalid_value", "at most 4"),
     "a 100,000-character stop string": (chat_body(stop="x" * 100_000), "stop", "invalid_value", "at most 256"),
     "four 1,000-character stop strings": (chat_body(stop=["y" * 1000] * 4), "stop", "invalid_value", "at most 256"),
 }
