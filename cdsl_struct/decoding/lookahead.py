@@ -159,6 +159,61 @@ class SuggestedWords:
         return found
 
 
+class SpentWords:
+    """Keeps the next token off the words a reward counts against the text if written again
+    (``Reward.spent``: a keyword already written ``max_repeats`` times), each spelling encoded once.
+
+    A spent word is stopped where it starts: its first token (after a space, capitalised too, and
+    as it is where a word may start) is dropped from the choice, unless that token also starts a
+    word the reward still suggests, or unless nothing the constraint allows would be left. A
+    keyword of several tokens cannot slip through as a harmless-looking first piece (``" sciss"``)
+    that only its last token makes a repeat. It only narrows choices the constraint already
+    allows, never widens them, and never leaves a position with no token.
+    """
+
+    def __init__(self, reward: Reward) -> None:
+        self.reward = reward
+        self._first: dict[str, int | None] = {}
+
+    def blocked(self, session: Session, text: str) -> list[int]:
+        """The tokens that would start a spent word after ``text``."""
+        spent = self.reward.spent(text)
+        if not spent:
+            return []
+        at_start = not text or text[-1].isspace() or text[-1] in _WORD_OPENERS
+        blocked = self._firsts(session, spent, at_start)
+        if blocked:
+            blocked -= self._firsts(session, self.reward.suggestions(text), at_start)
+        return sorted(blocked)
+
+    def guard(self, session: Session, text: str, row: torch.Tensor) -> torch.Tensor:
+        """``row`` (masked logits of the position after ``text``) with the tokens that would start a
+        spent word set to -inf, in place, unless no allowed token would be left."""
+        blocked = self.blocked(session, text)
+        if not blocked:
+            return row
+        index = torch.tensor(blocked, device=row.device)
+        saved = row[index].clone()
+        row[index] = -float("inf")
+        if not torch.isfinite(row).any():
+            row[index] = saved
+        return row
+
+    def _firsts(self, session: Session, words: list[str], at_start: bool) -> set[int]:
+        firsts = set()
+        for word in words:
+            spellings = [" " + word, " " + word.capitalize()]
+            if at_start:
+                spellings += [word, word.capitalize()]
+            for spelling in spellings:
+                if spelling not in self._first:
+                    tokens = session.compiled.vocabulary.encode(spelling)
+                    self._first[spelling] = tokens[0] if tokens else None
+                if self._first[spelling] is not None:
+                    firsts.add(self._first[spelling])
+        return firsts
+
+
 class GuidedDraft:
     """A draft model steered by the reward: each step writes the best of the draft's top-k masked
     tokens, and of the words the reward suggests (``Reward.suggestions``, e.g. the inflections of
@@ -171,13 +226,16 @@ class GuidedDraft:
     that does not end the output is credited ``optimism`` of the reward it may still earn, as in
     CDLH. ``lam = 0`` is the plain greedy draft. The lookahead stops early after a token of the
     draft's own whose probability is below ``stop_below`` (the target is then likely to disagree,
-    and drafting further would be wasted).
+    and drafting further would be wasted). With ``avoid_spent`` (default) the draft does not start
+    a word the reward counts against the text if repeated (``SpentWords``), as CDSL's target does
+    not either: the repeat would cost reward that the lookahead could not win back.
     """
 
     name = "guided-draft"
 
     def __init__(self, draft: ModelRunner | Any, reward: Reward | Any, k: int = 5, lam: float = 20.0,
-                 optimism: float = 0.5, suggest: bool = True, stop_below: float = 0.5) -> None:
+                 optimism: float = 0.5, suggest: bool = True, stop_below: float = 0.5,
+                 avoid_spent: bool = True) -> None:
         _check_unit("optimism", optimism)
         _check_unit("stop_below", stop_below)
         if k < 1:
@@ -188,6 +246,7 @@ class GuidedDraft:
         self.reward, self.k, self.lam = as_reward(reward), k, lam
         self.optimism, self.suggest, self.stop_below = optimism, suggest, stop_below
         self._words = SuggestedWords(self.reward)
+        self._spent = SpentWords(self.reward) if avoid_spent else None
 
     def steps(self, session: Session, proposal: Proposal, budget: int) -> Generator[Passes, list[torch.Tensor], None]:
         """Extend ``proposal`` by up to ``budget`` tokens (advancing the state): a program of one
@@ -196,14 +255,17 @@ class GuidedDraft:
         while len(proposal.tokens) < end:
             logits = (yield Passes.on_draft(self.model, session.sequence + proposal.tokens))[0][-1]
             mask = session.current_mask()
-            logp = torch.log_softmax(masked_logits(logits, mask), dim=-1)
+            prefix = session.output + proposal.tokens
+            choice = masked_logits(logits, mask)
+            if self._spent is not None:
+                choice = self._spent.guard(session, session.text_of(prefix), choice)
+            logp = torch.log_softmax(choice, dim=-1)
             finite = int(torch.isfinite(logp).sum())
             if finite == 0:
                 return
             top = torch.topk(logp, min(self.k, finite))
             chosen = [int(top.indices[0])]
             if self.lam > 0:
-                prefix = session.output + proposal.tokens
                 candidates = [[int(t)] for t in top.indices]
                 if self.suggest:
                     candidates += self._words.fitting(session, prefix, logp, end - len(proposal.tokens))
@@ -271,6 +333,12 @@ class CDSL:
     always; 1: only the target's choice). Keeps keywords where the target finds them plausible
     and drops the insertions it finds jarring ("The game was scored field goal.")."""
     cdlh: CDLH | None = None
+    avoid_spent: bool = True
+    """The target's choices (what it agrees with, its corrections, its own next token, the
+    candidates of a CDLH fallback) leave out a word the reward counts against the text if repeated
+    (``Reward.spent``: a keyword already written ``max_repeats`` times; ``SpentWords``), where
+    anything else is allowed: greedy, the target would otherwise repeat a keyword in a list it
+    keeps going ("a game, a kid, a rock, a game"), and reward judged on endings never sees it."""
     states: Counter = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
@@ -292,6 +360,7 @@ class CDSL:
         if self.cdlh is None:
             self.cdlh = CDLH(self.reward)
         self._forced: Proposer = forced_proposer()
+        self._spent = SpentWords(self.reward) if self.avoid_spent else None
 
     @property
     def branches(self) -> int:
@@ -317,6 +386,9 @@ class CDSL:
         logits = (yield Passes.target(Feed(MAIN, session.sequence + tokens, drafted + 1)))[0]
         fill_deferred_masks(session, proposal)
         masked = mask_positions(logits, proposal.masks)
+        if self._spent is not None:
+            for i in range(drafted + 1):
+                self._spent.guard(session, session.text_of(session.output + tokens[:i]), masked[i])
         ends = state_ended(session.state, session.compiled)
         accepted, extra = verify(session, proposal, masked)
         agrees = [True] * accepted + [False] + self._judge(session, proposal, masked, start=accepted + 1)
@@ -349,7 +421,7 @@ class CDSL:
         if self.fallback == "target":
             chosen = self._target_token(session, masked[keep], allow_ending=True)
         else:
-            chosen = yield from self.cdlh.steps(session, logits[keep])
+            chosen = yield from self.cdlh.steps(session, masked[keep] if self._spent is not None else logits[keep])
         return tokens[:keep] + chosen
 
     def _steer_holds(self, proposal: Proposal, masked: torch.Tensor, index: int) -> bool:

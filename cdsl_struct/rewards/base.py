@@ -44,6 +44,15 @@ class Reward(ABC):
         """
         return []
 
+    def spent(self, text: str) -> list[str]:
+        """Words that would lower the score if written again after ``text`` (none by default), e.g.
+        the inflections of a keyword already written as often as it may be.
+
+        A hint for CDSL, whose draft and target then prefer other words (``SpentWords``); it never
+        changes the score or any hard constraint.
+        """
+        return []
+
     def __call__(self, text: str, *, final: bool = False) -> float:
         return checked_score(self.score(text, final=final), type(self).__name__)
 
@@ -85,7 +94,10 @@ class WeightedMean(Reward):
         return total / sum(self.weights)
 
     def suggestions(self, text: str) -> list[str]:
-        return _merged_suggestions(self.rewards, text)
+        return _merged([reward.suggestions(text) for reward in self.rewards])
+
+    def spent(self, text: str) -> list[str]:
+        return _merged([reward.spent(text) for reward in self.rewards])
 
     @property
     def earned_by_end(self) -> bool:  # type: ignore[override]
@@ -104,13 +116,16 @@ class MinReward(Reward):
         return min(r(text, final=final) for r in self.rewards)
 
     def suggestions(self, text: str) -> list[str]:
-        return _merged_suggestions(self.rewards, text)
+        return _merged([reward.suggestions(text) for reward in self.rewards])
+
+    def spent(self, text: str) -> list[str]:
+        return _merged([reward.spent(text) for reward in self.rewards])
 
     @property
     def earned_by_end(self) -> bool:  # type: ignore[override]
         return all(r.earned_by_end for r in self.rewards)
 
 
-def _merged_suggestions(rewards: Sequence[Reward], text: str) -> list[str]:
-    """Every part's suggestions, each word once, in order."""
-    return list(dict.fromkeys(word for reward in rewards for word in reward.suggestions(text)))
+def _merged(lists: Sequence[list[str]]) -> list[str]:
+    """The parts' word lists (suggestions, spent words) as one, each word once, in order."""
+    return list(dict.fromkeys(word for words in lists for word in words))

@@ -79,6 +79,14 @@ class KeywordCoverage(Reward):
         return [form for word, forms in zip(self.words, self._forms, strict=True) if word in missing
                 for form in sorted(forms)]
 
+    def spent(self, text: str) -> list[str]:
+        """Every inflection of every word already written ``max_repeats`` times in ``text`` (one
+        more would count against the score); none without a limit."""
+        if self.max_repeats is None:
+            return []
+        return [form for forms, count in zip(self._forms, self.counts(text), strict=True)
+                if count >= self.max_repeats for form in sorted(forms)]
+
     def score(self, text: str, *, final: bool) -> float:
         covered, excess = len(self.covered(text)), self.excess(text)
         if self.mode == "hard":

@@ -4,6 +4,7 @@ import re
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from cdsl_struct import Regex, compile
 from cdsl_struct.decoding import DraftModelProposer, decode
@@ -12,6 +13,7 @@ from cdsl_struct.decoding.lookahead import (
     CDSL,
     CDSL_STATES,
     GuidedDraft,
+    SpentWords,
     _closing_index,
     optimistic_reward,
     state_ended,
@@ -285,3 +287,69 @@ def test_optimism_fades_with_the_token_budget():
     assert optimistic_reward(Budget, half, [1] * 5, ended=False, optimism=1.0) == 0.75
     assert optimistic_reward(Budget, half, [1] * 10, ended=False, optimism=1.0) == 0.5  # nothing left to earn
     assert optimistic_reward(Budget, half, [1], ended=True, optimism=1.0) == 0.5  # finished: the reward as is
+
+
+class Spends(Reward):
+    """Indifferent to the text, but counts ``letter`` against it once it appears (a keyword at its
+    limit): its reward is flat, so only ``Reward.spent`` can keep the letter out."""
+
+    earned_by_end = True
+
+    def __init__(self, letter: str) -> None:
+        self.letter = letter
+
+    def score(self, text, *, final):
+        return 1.0
+
+    def spent(self, text):
+        return [self.letter] if self.letter in text else []
+
+
+def _spent_letter(compiled, runner):
+    """The letter the plain greedy ``runner`` writes twice or more (its own repeat)."""
+    text = decode(runner, compiled, PROMPT, max_tokens=8).text
+    return next(c for c in text if text.count(c) > 1)
+
+
+def test_guided_draft_does_not_start_a_spent_word(setup):
+    compiled, _, draft = setup
+    letter = _spent_letter(compiled, draft.runner)
+    spends = Spends(letter)
+    # CDSL that keeps every lookahead whole: its text is the guided draft's own
+    for avoid, repeats in ((False, True), (True, False)):
+        guided = GuidedDraft(draft.runner, spends, lam=20.0, avoid_spent=avoid)
+        cdsl = CDSL(guided, spends, d=8, acceptance_threshold=0.0, reward_threshold=0.0, commit="lookahead",
+                    avoid_spent=avoid)
+        text = decode(draft.runner, compiled, PROMPT, max_tokens=8, strategy=cdsl).text
+        assert re.fullmatch(PATTERN, text)
+        assert (text.count(letter) > 1) == repeats
+
+
+def test_cdsl_target_does_not_repeat_a_spent_word(setup):
+    compiled, _, draft = setup
+    target = ModelRunner(tiny_model(3))  # greedy, it repeats itself: "eaeaea"
+    letter = _spent_letter(compiled, target)
+    spends = Spends(letter)
+    # the draft left unguarded: only the target's own choices (agreement, corrections, fallback) keep it out
+    for fallback in ("target", "cdlh"):
+        for commit in ("steered", "prefix"):
+            cdsl = CDSL(GuidedDraft(draft.runner, spends, avoid_spent=False), spends, d=3, fallback=fallback,
+                        commit=commit, cdlh=CDLH(spends, k=3, d=2))
+            result = decode(target, compiled, PROMPT, max_tokens=8, strategy=cdsl)
+            assert re.fullmatch(PATTERN, result.text) and result.text.count(letter) == 1
+    # without the guard the target writes its own repeat
+    cdsl = CDSL(GuidedDraft(draft.runner, spends, avoid_spent=False), spends, d=3, avoid_spent=False)
+    assert decode(target, compiled, PROMPT, max_tokens=8, strategy=cdsl).text.count(letter) > 1
+
+
+def test_spent_words_never_leave_a_position_without_a_token(setup):
+    compiled, _, _ = setup
+    session = SimpleNamespace(compiled=compiled)
+    guard = SpentWords(Spends("a"))
+    row = torch.full((compiled.vocab_size,), -float("inf"))
+    row[0] = 1.0  # only "a" allowed: the guard gives way rather than end the output
+    assert guard.guard(session, "ab", row.clone())[0] == 1.0
+    row[1] = 0.5
+    guarded = guard.guard(session, "ab", row.clone())
+    assert guarded[0] == -float("inf") and guarded[1] == 0.5
+    assert torch.equal(guard.guard(session, "bc", row.clone()), row)  # nothing spent yet

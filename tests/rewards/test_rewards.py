@@ -102,3 +102,16 @@ def test_keyword_coverage_penalises_repeats_beyond_the_limit():
     assert KeywordCoverage(["dog"])("dog dog dog dog") == 1.0  # no limit by default
     with pytest.raises(ValueError, match="max_repeats"):
         KeywordCoverage(["dog"], max_repeats=0)
+
+
+def test_keyword_coverage_names_the_forms_of_words_at_their_limit_as_spent():
+    reward = KeywordCoverage(["dog", "run_V"], max_repeats=2)
+    assert reward.spent("The dog runs.") == []  # once each: one more is still free
+    spent = reward.spent("The dog runs with dogs.")  # "dog" twice: a third would count against it
+    assert {"dog", "dogs"} <= set(spent) and not {"run", "ran", "running"} & set(spent)
+    assert {"ran", "running"} <= set(reward.spent("The dogs ran and ran."))
+    assert KeywordCoverage(["dog"]).spent("dog dog dog") == []  # no limit, nothing spent
+    assert CallableReward(lambda text: 0.5).spent("x") == []  # a plain callable spends nothing
+    merged = MinReward([reward, KeywordCoverage(["dog"], max_repeats=1)]).spent("a dog")
+    assert len(merged) == len(set(merged)) and "dogs" in merged
+    assert WeightedMean([reward]).spent("dog, dog") == reward.spent("dog, dog")
