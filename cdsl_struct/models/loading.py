@@ -58,7 +58,8 @@ class LoadedModel:
         return ids
 
 
-def load_model(spec: str | Path = DEFAULT_MODEL, *, device: Any = "auto", dtype: Any = "auto") -> LoadedModel:
+def load_model(spec: str | Path = DEFAULT_MODEL, *, device: Any = "auto", dtype: Any = "auto",
+               pack: bool = True) -> LoadedModel:
     """Load a model for decoding, in eval mode, on ``device``.
 
     ``spec``: ``"smollm2"`` (the embedded default, SmolLM2-135M-Instruct), a ``.gguf`` file, a
@@ -66,6 +67,8 @@ def load_model(spec: str | Path = DEFAULT_MODEL, *, device: Any = "auto", dtype:
     ``device``: ``"auto"`` (cuda, then mps, then cpu), ``"cpu"``, ``"cuda"``, ``"cuda:N"``,
     ``"mps"`` or a ``torch.device``. ``dtype``: ``"auto"`` (bfloat16 on a GPU that supports it,
     else float32), ``"float32"``, ``"bfloat16"``, ``"float16"`` or a ``torch.dtype``.
+    ``pack``: on the CPU, run the linear layers on prepacked oneDNN weights (``models.packed``:
+    the decode step's matmuls 1.7-3.6x faster, one more copy of the weights in memory).
     """
     from transformers import AutoModelForCausalLM
 
@@ -89,6 +92,10 @@ def load_model(spec: str | Path = DEFAULT_MODEL, *, device: Any = "auto", dtype:
     except Exception as exc:  # OSError, ValueError, hub errors
         raise ModelNotFound(f"could not load model {name!r}: {exc}") from exc
     model.to(target_device).eval()
+    if pack and target_device.type == "cpu":
+        from .packed import pack_linears
+
+        pack_linears(model)
     return LoadedModel(name=name, model=model, tokenizer=tokenizer)
 
 

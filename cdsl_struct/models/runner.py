@@ -14,6 +14,7 @@ import torch
 
 from ..errors import CdslError, IncompatibleTokenizers
 from .device import model_device
+from .packed import unpack_linears
 
 
 class ModelRunner:
@@ -112,8 +113,9 @@ def self_draft(model: Any, kind: str) -> Any:
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch.ao's deprecation notice; the kernels are current
-            return torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear},
-                                                          dtype=torch.qint8).eval()
+            plain = copy.deepcopy(model)
+            unpack_linears(plain)  # quantize_dynamic matches modules by exact type
+            return torch.ao.quantization.quantize_dynamic(plain, {torch.nn.Linear}, dtype=torch.qint8).eval()
     if kind.startswith("layers:"):
         count = int(kind.split(":", 1)[1])
         layers = model.model.layers

@@ -1,0 +1,94 @@
+"""Prepacked linear layers: same results as nn.Linear, same module tree, safe under copies and casts."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from cdsl_struct.models.packed import PackedLinear, pack_linears, packing_available, unpack_linears
+from cdsl_struct.models.runner import self_draft
+
+pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN")
+
+
+def _mlp() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 96), nn.SiLU(), nn.Linear(96, 32, bias=False)).eval()
+
+
+def test_packed_linears_match_plain_ones_and_keep_the_state_dict():
+    model = _mlp()
+    keys = list(model.state_dict())
+    x = torch.randn(3, 5, 64)
+    with torch.inference_mode():
+        expected = model(x)
+    assert pack_linears(model) == 2
+    assert all(type(m) is PackedLinear for m in model if isinstance(m, nn.Linear))
+    assert list(model.state_dict()) == keys
+    with torch.inference_mode():
+        got = model(x)
+    assert got.shape == expected.shape == (3, 5, 32)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_a_changed_or_cast_weight_is_repacked():
+    model = _mlp()
+    pack_linears(model)
+    x = torch.randn(4, 64)
+    with torch.inference_mode():
+        model(x)
+        model[2].weight.mul_(2)  # in place: same storage, new version
+    plain = copy.deepcopy(model)
+    unpack_linears(plain)
+    with torch.inference_mode():
+        torch.testing.assert_close(model(x), plain(x), atol=1e-4, rtol=1e-4)
+    model.to(torch.bfloat16)
+    plain.to(torch.bfloat16)
+    with torch.inference_mode():
+        got = model(x.bfloat16())
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), plain(x.bfloat16()).float(), atol=5e-2, rtol=5e-2)
+
+
+def test_autograd_takes_the_stock_path():
+    model = _mlp()
+    pack_linears(model)
+    x = torch.randn(2, 64, requires_grad=True)
+    model(x).sum().backward()
+    assert x.grad is not None and model[0].weight.grad is not None
+
+
+def test_unpack_restores_plain_linears():
+    model = _mlp()
+    pack_linears(model)
+    assert unpack_linears(model) == 2
+    assert all(type(m) is nn.Linear for m in model if isinstance(m, nn.Linear))
+
+
+def test_the_loaded_model_is_packed_and_its_int8_draft_still_quantises(smollm2):
+    model = smollm2.model
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    assert linears and all(type(m) is PackedLinear for m in linears)
+    assert model.lm_head.weight is model.get_input_embeddings().weight  # tied weights stay tied
+    draft = self_draft(model, "int8")
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
+    assert sum(isinstance(m, DynamicLinear) for m in draft.modules()) == len(linears)
+    assert all(type(m) is PackedLinear for m in model.modules() if isinstance(m, nn.Linear))
+
+
+def test_the_packed_model_predicts_what_the_plain_one_does(smollm2):
+    """Real weights: the packed forward's logits equal the stock forward's to float32 rounding and
+    pick the same next token at every position."""
+    model, tokenizer = smollm2.model, smollm2.tokenizer
+    ids = torch.tensor([tokenizer.encode("The capital of France is Paris, and the capital of Italy is")])
+    plain = copy.deepcopy(model)
+    unpack_linears(plain)
+    with torch.inference_mode():
+        packed_logits = model(input_ids=ids).logits
+        plain_logits = plain(input_ids=ids).logits
+    torch.testing.assert_close(packed_logits, plain_logits, atol=2e-3, rtol=1e-3)
+    assert torch.equal(packed_logits.argmax(-1), plain_logits.argmax(-1))
