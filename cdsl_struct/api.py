@@ -102,7 +102,8 @@ class Generator:
     ``model``: ``"smollm2"`` (the embedded default), a ``.gguf`` file, a folder, an HF id in the
     local cache, or a ``LoadedModel``. ``device`` / ``dtype``: where and in what precision a
     named model is loaded (``"auto"``: cuda, then mps, then cpu; bfloat16 on a GPU that supports
-    it, else float32). ``max_batch_size``: rows per target forward; ``kv_budget_gb``: the KV
+    it and on a CPU with native bfloat16 instructions, else float32). ``max_batch_size``: rows per
+    target forward; ``kv_budget_gb``: the KV
     cache a batch may use (default a quarter of the free memory): requests beyond either wait
     for rows to finish. ``draft``: ``"auto"`` (prompt lookup), ``None`` (no
     draft: ``method="auto"`` decodes target-only, or CDLH with a reward), or a spec for

@@ -177,6 +177,8 @@ def _add_bench_parsers(commands: Any) -> None:
     _fuzz_rewrite_arguments(fuzz)
     quality = bench.add_parser("quality", help="constrained vs free answers: accuracy, whitespace, token boundaries")
     _quality_arguments(quality)
+    profile = bench.add_parser("profile", help="torch.profiler table of a serve-bench case run in-process")
+    _profile_arguments(profile)
 
 
 def _commongen_merge(args: argparse.Namespace) -> int:
@@ -232,6 +234,12 @@ def _steps(args: argparse.Namespace) -> int:
 
 def _quality(args: argparse.Namespace) -> int:
     from .bench.answer_quality import run_from_args
+
+    return _report(*run_from_args(args), args.json_out)
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from .bench.profile import run_from_args
 
     return _report(*run_from_args(args), args.json_out)
 
@@ -426,6 +434,12 @@ def _quality_arguments(parser: argparse.ArgumentParser) -> None:
     add_arguments(parser)
 
 
+def _profile_arguments(parser: argparse.ArgumentParser) -> None:
+    from .bench.profile import add_arguments
+
+    add_arguments(parser)
+
+
 def _fuzz_rewrite_arguments(parser: argparse.ArgumentParser) -> None:
     from .bench.fuzz_rewrite import add_arguments
 
@@ -496,6 +510,7 @@ _HANDLERS: dict[tuple[str, str | None], Callable[[argparse.Namespace], int]] = {
     ("bench", "keyword-load"): _keyword_load,
     ("bench", "vllm"): _vllm_bench,
     ("bench", "steps"): _steps, ("bench", "quality"): _quality, ("bench", "fuzz-rewrite"): _fuzz_rewrite,
+    ("bench", "profile"): _profile,
 }
 """What each command (and bench harness) runs."""
 

@@ -10,6 +10,11 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# dtype="auto" is bfloat16 on CPUs with native bfloat16 (models.device.cpu_has_native_bf16), float32
+# elsewhere. The suite runs float32 on every machine: its exactness tests (speculation lossless,
+# batched rows equal to solo ones) hold bit for bit in float32 only, since bfloat16 rounds
+# differently by batch shape (as on GPUs). tests/models/test_bf16_default.py covers the default.
+os.environ["CDSL_CPU_BF16"] = "0"
 
 
 def pytest_configure(config):

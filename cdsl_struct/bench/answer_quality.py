@@ -68,6 +68,7 @@ class QualityConfig:
     concurrency: int = 16
     draft: str | None = "auto"
     model: str = "smollm2"
+    dtype: str = "auto"
     bootstrap: int = 1000
     seed: int = 0
 
@@ -242,7 +243,7 @@ def run_quality(data_dir: str | Path, config: QualityConfig, progress: bool = Tr
     """
     from ..models import load_model
 
-    loaded = load_model(config.model)
+    loaded = load_model(config.model, dtype=config.dtype)
     generator = _switching_generator(loaded, config)
     try:
         tasks, dropped = usable_tasks(load_tasks(data_dir, config), generator, config.settings)
@@ -466,6 +467,8 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--concurrency", type=int, default=defaults.concurrency, help="rows decoded together")
     parser.add_argument("--draft", default=defaults.draft, help="the Generator's draft (default auto: prompt lookup)")
     parser.add_argument("--model", default=defaults.model)
+    parser.add_argument("--dtype", default=defaults.dtype, choices=["auto", "float32", "bfloat16", "float16"],
+                        help="weights' precision (default auto, as load_model)")
     parser.add_argument("--threads", type=int, help="torch threads (1 suits a shared machine)")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--json", dest="json_out", help="write the summaries and every answer here")
@@ -487,7 +490,7 @@ def run_from_args(args: Any) -> tuple[dict[str, Any], str]:
         config = QualityConfig(split=split, cases=args.cases, source=args.source, settings=settings,
                                kinds=tuple(k for k in args.kinds.split(",") if k), max_tokens=args.max_tokens,
                                concurrency=args.concurrency, draft=None if args.draft == "none" else args.draft,
-                               model=args.model)
+                               model=args.model, dtype=args.dtype)
         report[split] = run_quality(args.data, config, progress=not args.no_progress)
         tables.append(format_summary(report[split]))
     if "tune" in report:

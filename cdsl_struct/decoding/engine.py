@@ -54,6 +54,10 @@ from .width import StepWidth
 
 _ids = itertools.count()
 
+#: prompt positions a step prefills before later arrivals wait for the next step (about half a
+#: second of prefill on two AVX-512 cores in bfloat16)
+DEFAULT_PREFILL_BUDGET = 512
+
 
 class RequestCancelled(CdslError):
     """Raised by ``Row.wait`` for a request cancelled before it started decoding."""
@@ -161,14 +165,25 @@ class Scheduler:
     within ``max_batch_size`` rows and ``kv_budget_bytes``. The padded cache holds every row at its
     physical length, which holes from rejected speculation may stretch to twice the longest row
     (plus 32) before ``BatchRunner`` compacts it; the estimate counts that worst case. A request
-    that would not fit waits; one that exceeds the budget alone runs alone."""
+    that would not fit waits; one that exceeds the budget alone runs alone.
 
-    def __init__(self, max_batch_size: int, kv_budget_bytes: float, bytes_per_token: int) -> None:
+    ``prefill_budget``: prompt positions one step may prefill (``prefill_cost`` of a row: its
+    positions not already in the prefix cache). Rows arriving together join over several steps,
+    each followed by a decode step of the running rows, so that a burst of long prompts does not
+    stall every decoding row for the whole burst's prefill (vLLM's chunked prefill bounds a step
+    the same way). A step always admits its first fitting row, however long its prompt."""
+
+    def __init__(self, max_batch_size: int, kv_budget_bytes: float, bytes_per_token: int,
+                 prefill_budget: int | None = None, prefill_cost: Callable[[Row], int] | None = None) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if prefill_budget is not None and prefill_budget < 1:
+            raise ValueError(f"prefill_budget must be >= 1, got {prefill_budget}")
         self.max_batch_size = max_batch_size
         self.kv_budget_bytes = kv_budget_bytes
         self.bytes_per_token = bytes_per_token
+        self.prefill_budget = prefill_budget
+        self.prefill_cost = prefill_cost or (lambda row: len(row.request.prompt))
         self.waiting: deque[Row] = deque()
         self.running: list[Row] = []
 
@@ -181,8 +196,13 @@ class Scheduler:
 
     def admit(self) -> list[Row]:
         """Move the rows that fit from the queue into the batch, in arrival order."""
-        admitted = []
+        admitted, prefill = [], 0
         while self.waiting and self.fits(self.waiting[0]):
+            if self.prefill_budget is not None:
+                cost = self.prefill_cost(self.waiting[0])
+                if admitted and prefill + cost > self.prefill_budget:
+                    break
+                prefill += cost
             row = self.waiting.popleft()
             self.running.append(row)
             admitted.append(row)
@@ -241,16 +261,20 @@ class BatchEngine:
     threads compute masks while the forward runs (0: in the engine thread, after it).
     ``adaptive_width``: cut each step's speculation to the width a cost model of the forward
     says pays for its padding (``StepWidth``); False feeds every proposal whole.
+    ``prefill_budget``: prompt positions (beyond the prefix cache) a step prefills at most; more
+    waiting rows join at later steps (``Scheduler``); None admits all that fit at once.
     ``start()`` runs the step loop on a background thread, so that requests submitted from
     many threads share steps (what ``Generator`` and the server use).
     """
 
     def __init__(self, runner: BatchRunner, *, max_batch_size: int = 16, kv_budget_bytes: float | None = None,
-                 mask_workers: int = 2, adaptive_width: bool = True) -> None:
+                 mask_workers: int = 2, adaptive_width: bool = True,
+                 prefill_budget: int | None = DEFAULT_PREFILL_BUDGET) -> None:
         self.runner = runner
         self.width = StepWidth() if adaptive_width else None
         budget = kv_budget_bytes if kv_budget_bytes is not None else default_kv_budget(runner.device)
-        self.scheduler = Scheduler(max_batch_size, budget, runner.kv_bytes_per_token())
+        self.scheduler = Scheduler(max_batch_size, budget, runner.kv_bytes_per_token(), prefill_budget,
+                                   self._prefill_cost)
         self.stats = EngineStats()
         self.programs = Programs(runner, lambda row, error: self._end(row, error=error))
         self._bitmask: torch.Tensor | None = None  # [rows x positions, words], reused every step
@@ -259,6 +283,12 @@ class BatchEngine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._closed = False
+
+    def _prefill_cost(self, row: Row) -> int:
+        """Prompt positions ``row`` would prefill: those the prefix cache does not hold."""
+        prompt = row.request.prompt
+        prefixes = self.runner.prefixes
+        return len(prompt) - (prefixes.cached_length(prompt[:-1]) if prefixes is not None else 0)
 
     # --- submitting ---------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ import torch
 
 from ..errors import CdslError
 from .device import model_device
+from .growing_cache import growing_cache
 from .prefix_cache import PrefixCache
 
 #: padding columns a batch may carry beyond twice its longest row before ``compact`` drops them
@@ -270,12 +271,10 @@ class BatchRunner:
 
     def _seed(self, rows: list[Hashable], bodies: list[list[int]], seeds: list[tuple[int, Any]]) -> None:
         """Start an empty runner with ``rows`` holding their reused prefixes (left-padded to the longest)."""
-        from transformers import DynamicCache
-
         length = max(reused for reused, _ in seeds)
         self.order = list(rows)
         self.valid = torch.zeros((len(rows), length), dtype=torch.bool)
-        self.cache = DynamicCache()
+        self.cache = growing_cache()
         for index, (row, body, (reused, _)) in enumerate(zip(rows, bodies, seeds, strict=True)):
             self.slots[row] = list(range(length - reused, length))
             self.tokens[row] = list(body[:reused])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import os
 from typing import Any
 
 from ..errors import CdslError
@@ -47,11 +49,14 @@ def resolve_device(device: Any = "auto") -> Any:
 
 
 def resolve_dtype(dtype: Any, device: Any) -> Any:
-    """A ``torch.dtype``: ``"auto"`` is bfloat16 on a GPU that supports it, else float32."""
+    """A ``torch.dtype``: ``"auto"`` is bfloat16 on a GPU that supports it and on a CPU with native
+    bfloat16 instructions (``cpu_has_native_bf16``), else float32."""
     import torch
 
     if dtype is None or dtype == "auto":
         if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        if device.type == "cpu" and cpu_has_native_bf16():
             return torch.bfloat16
         return torch.float32
     if isinstance(dtype, torch.dtype):
@@ -61,6 +66,36 @@ def resolve_dtype(dtype: Any, device: Any) -> Any:
     if str(dtype) not in names:
         raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_CHOICES)}")
     return names[str(dtype)]
+
+
+#: CPU feature flags (Linux ``/proc/cpuinfo``) of native bfloat16 arithmetic: x86 AVX-512 BF16 and
+#: AMX, Arm's BF16 extension
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU multiplies bfloat16 natively (a flag of ``NATIVE_BF16_FLAGS``).
+
+    There a bfloat16 model's matmuls run at about twice the float32 rate and read half the bytes
+    (measured on AVX-512 BF16 cores: prefill 1.8x, a one-row decode step 1.2x faster); without
+    them torch emulates bfloat16 and gains little. Only Linux reports the flags; elsewhere False.
+    ``CDSL_CPU_BF16=0`` or ``=1`` overrides the detection."""
+    override = os.environ.get("CDSL_CPU_BF16")
+    if override in ("0", "1"):
+        return override == "1"
+    return _cpu_flags_name_bf16(cpuinfo)
+
+
+@functools.cache
+def _cpu_flags_name_bf16(cpuinfo: str) -> bool:
+    try:
+        with open(cpuinfo, encoding="utf-8") as file:
+            for line in file:
+                if line.startswith(("flags", "Features")):
+                    return bool(NATIVE_BF16_FLAGS & set(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    return False
 
 
 def model_device(model: Any) -> Any:

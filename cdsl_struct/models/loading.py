@@ -65,8 +65,9 @@ def load_model(spec: str | Path = DEFAULT_MODEL, *, device: Any = "auto", dtype:
     ``spec``: ``"smollm2"`` (the embedded default, SmolLM2-135M-Instruct), a ``.gguf`` file, a
     local folder with ``config.json``, or an HF id already in the local HF cache.
     ``device``: ``"auto"`` (cuda, then mps, then cpu), ``"cpu"``, ``"cuda"``, ``"cuda:N"``,
-    ``"mps"`` or a ``torch.device``. ``dtype``: ``"auto"`` (bfloat16 on a GPU that supports it,
-    else float32), ``"float32"``, ``"bfloat16"``, ``"float16"`` or a ``torch.dtype``.
+    ``"mps"`` or a ``torch.device``. ``dtype``: ``"auto"`` (bfloat16 on a GPU that supports it and
+    on a CPU with native bfloat16 instructions, else float32: ``device.resolve_dtype``),
+    ``"float32"``, ``"bfloat16"``, ``"float16"`` or a ``torch.dtype``.
     ``pack``: on the CPU, run the linear layers on prepacked oneDNN weights (``models.packed``:
     the decode step's matmuls 1.7-3.6x faster, one more copy of the weights in memory).
     """

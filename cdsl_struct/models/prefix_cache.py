@@ -44,6 +44,11 @@ class PrefixCache:
         self.reused_positions += best
         return best, [(k[:, :, :best], v[:, :, :best]) for k, v in self.entries[best_key]]
 
+    def cached_length(self, tokens: Sequence[int]) -> int:
+        """How many leading ``tokens`` a lookup would reuse (no side effects: not counted as a hit)."""
+        key = tuple(tokens)
+        return max((len(os.path.commonprefix([stored, key])) for stored in self.entries), default=0)
+
     def store(self, tokens: Sequence[int], kv: LayerKV) -> None:
         """Keep ``kv`` (the keys and values of ``tokens``, tensors of their own) unless a stored entry
         already covers it."""

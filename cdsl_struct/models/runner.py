@@ -113,7 +113,7 @@ def self_draft(model: Any, kind: str) -> Any:
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch.ao's deprecation notice; the kernels are current
-            plain = copy.deepcopy(model)
+            plain = copy.deepcopy(model).float()  # int8 kernels take float32 activations (a bf16 target too)
             unpack_linears(plain)  # quantize_dynamic matches modules by exact type
             return torch.ao.quantization.quantize_dynamic(plain, {torch.nn.Linear}, dtype=torch.qint8).eval()
     if kind.startswith("layers:"):

@@ -10,7 +10,7 @@ import torch
 
 from cdsl_struct import Choice, JsonSchema, Regex, compile
 from cdsl_struct.decoding import SamplingParams, build_proposers, decode
-from cdsl_struct.decoding.engine import BatchEngine, Request
+from cdsl_struct.decoding.engine import BatchEngine, Request, Row, Scheduler
 from cdsl_struct.models.batch import BatchRunner
 from cdsl_struct.models.runner import ModelRunner
 from cdsl_struct.prompts import prompt_ids
@@ -192,6 +192,27 @@ def test_batch_size_and_kv_budget_bound_the_rows_in_flight(smollm2, parts):
     results = tight.run([Request(ids, c, max_tokens=16) for ids, c, _ in rows])
     assert [r.tokens for r in results] == [r.tokens for r in reference]
     assert tight.stats.as_dict()["mean_rows"] == 1
+
+
+def test_the_prefill_budget_spreads_a_burst_over_steps(smollm2, parts):
+    """Rows arriving together join as many prompt positions per step as the budget allows, each
+    step also decoding the rows already in; a row longer than the budget still joins (alone);
+    outputs are unchanged."""
+    rows = workload(smollm2, parts)[:4]
+    requests = [Request(ids, c, max_tokens=8) for ids, c, _ in rows]
+    reference = engine_for(smollm2, prefill_budget=None).run(requests)
+    engine = engine_for(smollm2, prefill_budget=1)  # every prompt is longer: one row joins per step
+    handles = [engine.submit(r) for r in requests]
+    joined = []
+    while not all(h.done for h in handles):
+        engine.step()
+        joined.append(len(engine.scheduler.running) + sum(h.done for h in handles))
+    assert joined[:4] == [1, 2, 3, 4]
+    assert [h.wait().tokens for h in handles] == [r.tokens for r in reference]
+
+    scheduler = Scheduler(16, float("inf"), 1, prefill_budget=64, prefill_cost=lambda row: 30)
+    scheduler.waiting.extend(Row(r) for r in requests[:3])
+    assert len(scheduler.admit()) == 2 and len(scheduler.admit()) == 1  # 30 + 30 fit in 64, a third does not
 
 
 def test_masks_are_written_into_one_bitmask_reused_every_step(smollm2, parts):

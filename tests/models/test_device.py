@@ -9,7 +9,7 @@ import cdsl_struct as cs
 from cdsl_struct.constraints.mask import allocate_bitmask, apply_bitmask, set_bit
 from cdsl_struct.decoding import SamplingParams, build_proposers, decode
 from cdsl_struct.errors import CdslError
-from cdsl_struct.models.device import DeviceUnavailable, resolve_device, resolve_dtype
+from cdsl_struct.models.device import DeviceUnavailable, cpu_has_native_bf16, resolve_device, resolve_dtype
 from cdsl_struct.models.runner import ModelRunner, self_draft
 from cdsl_struct.prompts import prompt_ids
 
@@ -23,8 +23,19 @@ def test_auto_picks_the_best_present_device():
     assert resolve_device("cpu") == torch.device("cpu")
 
 
-def test_auto_dtype_is_float32_on_cpu_and_names_parse():
+def test_auto_dtype_on_cpu_follows_native_bf16_and_names_parse(monkeypatch, tmp_path):
+    monkeypatch.setenv("CDSL_CPU_BF16", "0")
     assert resolve_dtype("auto", torch.device("cpu")) is torch.float32
+    monkeypatch.setenv("CDSL_CPU_BF16", "1")
+    assert resolve_dtype("auto", torch.device("cpu")) is torch.bfloat16
+    monkeypatch.delenv("CDSL_CPU_BF16")
+    zen4, old = tmp_path / "zen4", tmp_path / "old"
+    zen4.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 avx512_vnni\n")
+    old.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_vnni\n")
+    assert cpu_has_native_bf16(str(zen4)) and not cpu_has_native_bf16(str(old))
+    assert not cpu_has_native_bf16(str(tmp_path / "missing"))
+    assert resolve_dtype("auto", torch.device("cpu")) is (torch.bfloat16 if cpu_has_native_bf16() else torch.float32)
+    assert resolve_dtype("float32", torch.device("cpu")) is torch.float32
     assert resolve_dtype("bfloat16", torch.device("cpu")) is torch.bfloat16
     with pytest.raises(ValueError, match="unknown dtype"):
         resolve_dtype("float8", torch.device("cpu"))
