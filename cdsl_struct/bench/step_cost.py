@@ -2,10 +2,13 @@
 
 Two measurements, rounds interleaved, the best of each kept (the machine is shared):
 
-- single-row decode step variants: eager float32 with HF's dynamic cache (what the engine runs),
-  eager bfloat16, a static KV cache, and optionally ``torch.compile`` of the static-cache step;
-- the batched step grid: rows B x fed positions per row T through ``BatchRunner`` (the cost model
-  behind ``StepWidth``: a pass costs about ``a + b * B * T``), and the prefill cost per position.
+- single-row decode step variants: eager float32 and bfloat16 with HF's dynamic cache, each with
+  stock linear layers and (on the CPU) prepacked oneDNN weights (``models.packed``, what
+  ``load_model`` gives), a static KV cache, and optionally ``torch.compile`` of the static-cache
+  step;
+- the batched step grid: rows B x fed positions per row T through ``BatchRunner`` at the default
+  dtype, as the engine loads it (the cost model behind ``StepWidth``: a pass costs about
+  ``a + b * B * T``), and the prefill cost per position.
 """
 
 from __future__ import annotations
@@ -80,19 +83,21 @@ def _grid_cell(model: Any, rows: int, width: int, context: int, rng: random.Rand
 
 def run_step_cost(config: StepCostConfig) -> dict[str, Any]:
     """Both measurements; a summary of the best round of each."""
-    loaded = load_model(config.model, device=config.device)
+    loaded = load_model(config.model, device=config.device)  # the default dtype, as the engine loads it
     model = loaded.model
     context = list(range(100, 100 + config.context))
-    variants: dict[str, Any] = {
-        "eager float32": lambda: _single_row(model, context, config.steps),
-        "static cache float32": lambda: _single_row(model, context, config.steps, static=model),
-    }
-    bf16 = load_model(config.model, device=config.device, dtype="bfloat16").model
-    variants["eager bfloat16"] = lambda: _single_row(bf16, context, config.steps)
+    variants: dict[str, Any] = {}
+    for dtype in ("float32", "bfloat16"):
+        for pack in (False, True) if loaded.device.type == "cpu" else (False,):
+            variant = load_model(config.model, device=config.device, dtype=dtype, pack=pack).model
+            name = f"eager {dtype}" + (", packed linears" if pack else "")
+            variants[name] = lambda m=variant: _single_row(m, context, config.steps)
+    stock = load_model(config.model, device=config.device, dtype="float32", pack=False).model
+    variants["static cache float32"] = lambda: _single_row(stock, context, config.steps, static=stock)
     if config.compile:
-        compiled = torch.compile(model.forward, dynamic=False)
-        _single_row(model, context, 2, static=compiled)  # compiles
-        variants["static cache float32, torch.compile"] = lambda: _single_row(model, context, config.steps,
+        compiled = torch.compile(stock.forward, dynamic=False)
+        _single_row(stock, context, 2, static=compiled)  # compiles
+        variants["static cache float32, torch.compile"] = lambda: _single_row(stock, context, config.steps,
                                                                                static=compiled)
     single: dict[str, float] = {}
     for _ in range(config.rounds):
@@ -105,7 +110,8 @@ def run_step_cost(config: StepCostConfig) -> dict[str, Any]:
             step, per_position = _grid_cell(model, rows, width, config.context, rng)
             grid[f"{rows}x{width}"] = round(step, 1)
             prefill[str(rows)] = round(min(prefill.get(str(rows), float("inf")), per_position), 2)
-    machine = {"threads": torch.get_num_threads(), "torch": torch.__version__, "device": str(loaded.device)}
+    machine = {"threads": torch.get_num_threads(), "torch": torch.__version__, "device": str(loaded.device),
+               "grid dtype": str(next(model.parameters()).dtype)}
     return {"config": asdict(config), "summary": {"single_row_step_ms": single, "batched_step_ms": grid,
                                                   "prefill_ms_per_position": prefill, "machine": machine}}
 
@@ -115,7 +121,8 @@ def format_table(report: dict[str, Any]) -> str:
     summary, config = report["summary"], report["config"]
     lines = ["| single-row decode step | ms |", "|---|---:|"]
     lines += [f"| {name} | {ms} |" for name, ms in summary["single_row_step_ms"].items()]
-    lines += ["", "| rows / positions per row | " + " | ".join(str(w) for w in config["widths"])
+    lines += ["", f"grid at {summary['machine'].get('grid dtype', 'the default dtype')}:",
+              "", "| rows / positions per row | " + " | ".join(str(w) for w in config["widths"])
               + " | prefill ms / position |", "|---:|" + "---:|" * (len(config["widths"]) + 1)]
     for rows in config["rows"]:
         cells = [str(summary["batched_step_ms"][f"{rows}x{w}"]) for w in config["widths"]]

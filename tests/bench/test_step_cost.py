@@ -6,8 +6,11 @@ from cdsl_struct.bench.step_cost import StepCostConfig, format_table, run_step_c
 def test_step_cost_measures_every_variant_and_cell(one_torch_thread):
     report = run_step_cost(StepCostConfig(context=16, steps=2, rounds=1, rows=(1, 2), widths=(1, 2)))
     summary = report["summary"]
-    assert set(summary["single_row_step_ms"]) == {"eager float32", "static cache float32", "eager bfloat16"}
+    assert set(summary["single_row_step_ms"]) == {
+        "eager float32", "eager float32, packed linears", "eager bfloat16", "eager bfloat16, packed linears",
+        "static cache float32"}
     assert all(ms > 0 for ms in summary["single_row_step_ms"].values())
     assert set(summary["batched_step_ms"]) == {"1x1", "1x2", "2x1", "2x2"}
     assert set(summary["prefill_ms_per_position"]) == {"1", "2"}
+    assert summary["machine"]["grid dtype"] == "torch.float32"  # the suite pins CDSL_CPU_BF16=0
     assert "| 2 |" in format_table(report)
