@@ -251,6 +251,13 @@ class EngineLoad:
     """Keys and values of stored prompt prefixes (bounded by the runner's ``prefix_cache_bytes``)."""
     steps: int = 0
     """Target forwards (batched steps) since the engine started."""
+    forward_seconds: float = 0.0
+    """Time in those forwards, prefill included."""
+    prefill_seconds: float = 0.0
+    """Time in them spent prefilling joining rows' prompts."""
+    attended_valid_share: float = 1.0
+    """Of the KV slots the step passes' attention read, the share holding a row's own token (the
+    rest is left padding and rejected speculation's holes)."""
 
 
 class BatchEngine:
@@ -329,7 +336,8 @@ class BatchEngine:
         prefixes = self.runner.prefixes
         return EngineLoad(running, waiting, self.scheduler.max_batch_size,
                           self.stats.rows_stepped / max(1, self.stats.steps), prefixes.bytes if prefixes else 0,
-                          self.stats.steps)
+                          self.stats.steps, self.stats.forward_seconds, self.stats.prefill_seconds,
+                          self.runner.attended_valid / max(1, self.runner.attended_slots))
 
     # --- background loop ----------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ With no proposer this is plain target decoding.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -257,10 +258,11 @@ def verify(session: Session, proposal: Proposal, masked: torch.Tensor,
     if session.state.finished:
         return accepted, None
     final = masked[accepted]
+    if params.greedy:  # the argmax is finite unless every token is masked: one element read, not the row
+        best = choices[accepted]
+        return (accepted, best) if math.isfinite(float(final[best])) else (accepted, None)
     if not torch.isfinite(final).any():
         return accepted, None
-    if params.greedy:
-        return accepted, choices[accepted]
     return accepted, choose(final, params, generator)
 
 

@@ -73,6 +73,8 @@ class BatchRunner:
         self.passes = 0
         self.positions = 0
         self.padded_positions = 0
+        self.attended_slots = 0  # rows x cache length over the step passes: what attention reads
+        self.attended_valid = 0  # of those, slots holding a row's own token (the rest: padding, holes)
         self.seconds = 0.0
         self.last_prefill_seconds = 0.0
         self.last_positions = 0  # padded positions of the last step's pass (prefill excluded)
@@ -225,6 +227,8 @@ class BatchRunner:
         self.passes += 1
         self.positions += sum(len(t) for t in tails)
         self.padded_positions += rows * width
+        self.attended_slots += self.valid.numel()
+        self.attended_valid += int(self.valid.sum())
         self.seconds += time.perf_counter() - start
         return out.logits.float()
 

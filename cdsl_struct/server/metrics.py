@@ -54,6 +54,15 @@ class Metrics:
                 lambda: load().waiting_rows)
             Gauge("cdsl_engine_mean_rows_per_step", "Mean rows per target forward since start",
                   registry=r).set_function(lambda: load().mean_rows_per_step)
+            Gauge("cdsl_engine_steps", "Target forwards (batched steps) since start", registry=r).set_function(
+                lambda: load().steps)
+            Gauge("cdsl_engine_forward_seconds", "Time in target forwards since start, prefill included",
+                  registry=r).set_function(lambda: load().forward_seconds)
+            Gauge("cdsl_engine_prefill_seconds", "Time in target forwards spent prefilling prompts",
+                  registry=r).set_function(lambda: load().prefill_seconds)
+            Gauge("cdsl_engine_attended_valid_share", "Share of the KV slots attention read that hold a row's own "
+                  "token (the rest: padding and holes)", registry=r).set_function(
+                lambda: load().attended_valid_share)
             Gauge("cdsl_prefix_cache_bytes", "Keys and values of stored prompt prefixes",
                   registry=r).set_function(lambda: load().prefix_cache_bytes)
         Gauge("cdsl_compile_cache_bytes", "Engine programs in the compile cache (their own estimate)",

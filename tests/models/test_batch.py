@@ -109,3 +109,13 @@ def test_prefix_cache_keeps_the_longest_and_evicts_by_bytes():
     assert length == 3 and found[0][0].shape == (1, 2, 3, 4)
     cache.store([7] * 16, kv(16))  # 21 positions in all: the least recently used goes
     assert list(cache.entries) == [(7,) * 16] and cache.lookup([1, 2]) == (0, None)
+
+
+def test_attention_counts_the_padding_it_reads(model):
+    runner = BatchRunner(model, prefix_cache_bytes=0)
+    runner.run([Feed("a", [1, 2, 3, 4, 5, 6, 7], 1)])
+    assert runner.attended_valid == runner.attended_slots > 0  # one row: no padding
+    runner.run([Feed("a", [1, 2, 3, 4, 5, 6, 7, 8], 1), Feed("b", [9, 8], 1)])
+    slots, valid = runner.attended_slots, runner.attended_valid
+    assert valid < slots  # "b" is left-padded to "a"'s length in the step pass
+    assert slots - valid == runner.physical_length - len(runner.slots["b"])
