@@ -57,7 +57,9 @@ class _Growing:
         if not fits:
             used = self.length if buffer is not None and buffer.dim() == 4 else 0
             total = used + new
-            grown = states.new_empty((states.shape[0], states.shape[1], total + max(MIN_SPARE, total // 4),
+            # zeros, not empty: decode attention reads the spare positions (masked), and masked
+            # garbage could still be NaN times a zero weight
+            grown = states.new_zeros((states.shape[0], states.shape[1], total + max(MIN_SPARE, total // 4),
                                       states.shape[3]))
             if used:
                 grown[:, :, :used] = buffer[:, :, :used]

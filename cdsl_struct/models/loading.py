@@ -94,9 +94,11 @@ def load_model(spec: str | Path = DEFAULT_MODEL, *, device: Any = "auto", dtype:
         raise ModelNotFound(f"could not load model {name!r}: {exc}") from exc
     model.to(target_device).eval()
     if pack and target_device.type == "cpu":
+        from .attention import use_decode_attention
         from .packed import pack_linears
 
         pack_linears(model)
+        use_decode_attention(model)
     return LoadedModel(name=name, model=model, tokenizer=tokenizer)
 
 

@@ -1,0 +1,94 @@
+"""Attention for the one-token decode step of a bfloat16 batch on the CPU, registered with transformers.
+
+transformers' SDPA path runs a decode step (one query per row) through
+``scaled_dot_product_attention``; in bfloat16 on the CPU that dispatches to the flash kernel,
+which splits the work into tasks of one row and one key/value head and, at 16-32 rows of a few
+hundred positions, spends ~0.5-1.2 ms a layer on a few MFLOPs: 30-45% of the step. With one query
+per row the attention is two small batched matmuls, half that cost, when they read contiguous
+keys and values: the query heads sharing a key/value head are the rows of one matmul (no
+``repeat_kv`` copy), padding is masked, softmax runs in float32 (as transformers' eager attention
+does). A ``GrowingLayer`` hands attention a leading slice of a buffer with spare positions, which
+the matmuls would copy; so the step reads the whole buffer, its spare positions masked (they hold
+zeros or a rolled-back row's old keys, never garbage).
+
+Every other call goes to transformers' own SDPA function unchanged: float32 (the exactness tests'
+dtype, where the kernels cost the same), more than one query (prompts, speculation), dropout,
+soft-capped logits, attention sinks, non-CPU devices. ``use_decode_attention(model)`` switches a
+loaded model over; masks are built as for SDPA.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+#: the name the attention function and its mask function are registered under in transformers
+DECODE_ATTENTION = "cdsl_decode_sdpa"
+
+
+def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                     **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' attention signature: ``query`` (batch, heads, q, dim), ``key``/``value``
+    (batch, kv_heads, length, dim), a boolean ``attention_mask`` (batch, 1, q, length), True where a
+    query attends, or None; returns (batch, q, heads, dim)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    batch, heads, q_length, dim = query.shape
+    kv_heads, length = key.shape[1], key.shape[2]
+    keys, values = _whole_buffer(key), _whole_buffer(value)
+    if (q_length != 1 or dropout or kwargs.get("softcap") or query.device.type != "cpu"
+            or query.dtype != torch.bfloat16 or heads % kv_heads or getattr(module, "sinks", None) is not None
+            or (attention_mask is not None and (attention_mask.dtype != torch.bool
+                                                or attention_mask.shape[-1] != length))
+            or keys is None or values is None or keys.shape[2] != values.shape[2]):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    capacity = keys.shape[2]
+    attend = torch.zeros((attention_mask.shape[0] if attention_mask is not None else 1, 1, 1, capacity),
+                         dtype=torch.bool)
+    attend[..., :length] = attention_mask if attention_mask is not None else True
+    grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)  # head h = kv * group + g, as repeat_kv
+    scores = torch.matmul(grouped, keys.transpose(-1, -2)) * (dim ** -0.5 if scaling is None else scaling)
+    scores = scores.masked_fill(~attend, torch.finfo(scores.dtype).min)  # finite: no NaN for an empty row
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
+    out = torch.matmul(probs, values)  # (batch, kv_heads, group, dim)
+    return out.reshape(batch, 1, heads, dim), None
+
+
+def _whole_buffer(states: torch.Tensor) -> torch.Tensor | None:
+    """``states`` itself when contiguous; when it is a leading slice (along the positions) of a
+    contiguous ``[rows, heads, capacity, dim]`` buffer, that buffer, read from its strides (views made
+    under inference mode do not keep their ``_base``); else None."""
+    if states.is_contiguous():
+        return states
+    rows, heads, length, dim = states.shape
+    row_stride, head_stride, position_stride, dim_stride = states.stride()
+    if dim_stride != 1 or position_stride != dim or head_stride % dim:
+        return None
+    capacity = head_stride // dim
+    if capacity < length or row_stride != heads * head_stride:
+        return None
+    needed = (states.storage_offset() + rows * row_stride) * states.element_size()
+    if states.untyped_storage().nbytes() < needed:
+        return None
+    return states.as_strided((rows, heads, capacity, dim), states.stride())
+
+
+def register_decode_attention() -> None:
+    """Register ``decode_attention`` (and SDPA's mask function under the same name); idempotent."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(DECODE_ATTENTION, decode_attention)
+    AttentionMaskInterface.register(DECODE_ATTENTION, sdpa_mask)
+
+
+def use_decode_attention(model: Any) -> bool:
+    """Switch ``model`` to ``decode_attention`` where it runs transformers' SDPA now; whether it did."""
+    if getattr(model.config, "_attn_implementation", None) != "sdpa":
+        return False
+    register_decode_attention()
+    model.set_attn_implementation(DECODE_ATTENTION)
+    return True
