@@ -4,7 +4,8 @@ transformers' SDPA path runs a decode step (one query per row) through
 ``scaled_dot_product_attention``; in bfloat16 on the CPU that dispatches to the flash kernel,
 which splits the work into tasks of one row and one key/value head and, at 16-32 rows of a few
 hundred positions, spends ~0.5-1.2 ms a layer on a few MFLOPs: 30-45% of the step. With one query
-per row the attention is two small batched matmuls, half that cost, when they read contiguous
+per row the attention is two small batched matmuls, half that cost at that size (below
+``MIN_WORK`` rows x positions SDPA's kernel is the cheaper one and stays), when they read contiguous
 keys and values: the query heads sharing a key/value head are the rows of one matmul (no
 ``repeat_kv`` copy), padding is masked, softmax runs in float32 (as transformers' eager attention
 does). A ``GrowingLayer`` hands attention a leading slice of a buffer with spare positions, which
@@ -26,6 +27,11 @@ import torch
 #: the name the attention function and its mask function are registered under in transformers
 DECODE_ATTENTION = "cdsl_decode_sdpa"
 
+#: rows x buffer positions below which SDPA stays, its fixed cost being lower there. Tuned on
+#: single steps of SmolLM2 on a 2-core Zen 4 (1-12 rows of 120-500 positions: SDPA 1-4% faster;
+#: 8 x 525, 16 x 225, 24 x 220: these matmuls 4-10% faster); reported on the serve bench instead.
+MIN_WORK = 3000
+
 
 def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
@@ -42,7 +48,8 @@ def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
             or query.dtype != torch.bfloat16 or heads % kv_heads or getattr(module, "sinks", None) is not None
             or (attention_mask is not None and (attention_mask.dtype != torch.bool
                                                 or attention_mask.shape[-1] != length))
-            or keys is None or values is None or keys.shape[2] != values.shape[2]):
+            or keys is None or values is None or keys.shape[2] != values.shape[2]
+            or batch * keys.shape[2] < MIN_WORK):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     capacity = keys.shape[2]

@@ -1,9 +1,11 @@
 """Decode-step attention: matches transformers' SDPA, reads a growing buffer whole, falls back elsewhere."""
 
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from cdsl_struct.models import attention
 from cdsl_struct.models.attention import DECODE_ATTENTION, _whole_buffer, decode_attention, use_decode_attention
 from cdsl_struct.models.batch import BatchRunner, Feed
 from cdsl_struct.models.growing_cache import _Growing
@@ -26,7 +28,12 @@ def _inputs(dtype, rows=4, length=30, queries=1, capacity=None):
     return query, buffer_k[:, :, :length], buffer_v[:, :, :length], mask
 
 
-def test_a_bf16_decode_step_matches_sdpa_reading_the_whole_buffer():
+@pytest.fixture
+def any_size(monkeypatch):
+    monkeypatch.setattr(attention, "MIN_WORK", 0)  # the path for small test shapes too
+
+
+def test_a_bf16_decode_step_matches_sdpa_reading_the_whole_buffer(any_size):
     query, key, value, mask = _inputs(torch.bfloat16, capacity=48)
     assert not key.is_contiguous() and _whole_buffer(key).shape[2] == 48  # the spare 18 positions, masked
     ours, _ = decode_attention(_Module(), query, key, value, mask, scaling=0.25)
@@ -36,11 +43,11 @@ def test_a_bf16_decode_step_matches_sdpa_reading_the_whole_buffer():
 
 
 def test_other_calls_are_transformers_sdpa_exactly():
-    for dtype, queries in ((torch.float32, 1), (torch.bfloat16, 3)):
-        query, key, value, mask = _inputs(dtype, queries=queries, capacity=40)
+    for dtype, queries, rows in ((torch.float32, 1, 80), (torch.bfloat16, 3, 80), (torch.bfloat16, 1, 4)):
+        query, key, value, mask = _inputs(dtype, rows=rows, queries=queries, capacity=40)
         ours, _ = decode_attention(_Module(), query, key, value, mask, scaling=0.25)
         reference, _ = sdpa_attention_forward(_Module(), query, key, value, mask, scaling=0.25)
-        assert torch.equal(ours, reference), (dtype, queries)
+        assert torch.equal(ours, reference), (dtype, queries, rows)  # fp32; prompts; below MIN_WORK
 
 
 def test_whole_buffer_only_for_leading_slices_of_a_contiguous_buffer():
@@ -54,7 +61,7 @@ def test_whole_buffer_only_for_leading_slices_of_a_contiguous_buffer():
     assert _whole_buffer(torch.randn(2, 8, 3, 10).transpose(1, 3)) is None
 
 
-def test_a_bf16_batch_decodes_as_its_rows_do_alone():
+def test_a_bf16_batch_decodes_as_its_rows_do_alone(any_size):
     torch.manual_seed(3)
     config = LlamaConfig(vocab_size=50, hidden_size=48, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256)
