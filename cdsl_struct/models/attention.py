@@ -23,11 +23,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 #: the name the attention function and its mask function are registered under in transformers
 DECODE_ATTENTION = "cdsl_decode_sdpa"
 
-#: rows x buffer positions below which SDPA stays, its fixed cost being lower there. Tuned on
+#: rows x positions below which SDPA stays, its fixed cost being lower there. Tuned on
 #: single steps of SmolLM2 on a 2-core Zen 4 (1-12 rows of 120-500 positions: SDPA 1-4% faster;
 #: 8 x 525, 16 x 225, 24 x 220: these matmuls 4-10% faster); reported on the serve bench instead.
 MIN_WORK = 3000
@@ -39,17 +40,15 @@ def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     """transformers' attention signature: ``query`` (batch, heads, q, dim), ``key``/``value``
     (batch, kv_heads, length, dim), a boolean ``attention_mask`` (batch, 1, q, length), True where a
     query attends, or None; returns (batch, q, heads, dim)."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     batch, heads, q_length, dim = query.shape
     kv_heads, length = key.shape[1], key.shape[2]
-    keys, values = _whole_buffer(key), _whole_buffer(value)
-    if (q_length != 1 or dropout or kwargs.get("softcap") or query.device.type != "cpu"
-            or query.dtype != torch.bfloat16 or heads % kv_heads or getattr(module, "sinks", None) is not None
-            or (attention_mask is not None and (attention_mask.dtype != torch.bool
-                                                or attention_mask.shape[-1] != length))
-            or keys is None or values is None or keys.shape[2] != values.shape[2]
-            or batch * keys.shape[2] < MIN_WORK):
+    keys = values = None
+    if (q_length == 1 and batch * length >= MIN_WORK and query.dtype == torch.bfloat16
+            and query.device.type == "cpu" and not dropout and not kwargs.get("softcap") and heads % kv_heads == 0
+            and getattr(module, "sinks", None) is None and (attention_mask is None or (
+                attention_mask.dtype == torch.bool and attention_mask.shape[-1] == length))):
+        keys, values = _whole_buffer(key), _whole_buffer(value)
+    if keys is None or values is None or keys.shape[2] != values.shape[2]:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     capacity = keys.shape[2]
