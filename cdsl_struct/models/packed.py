@@ -14,10 +14,18 @@ weight changes (its storage, version or dtype: ``model.to(torch.bfloat16)`` repa
 costs one more copy of the weights in memory. Anything the packed kernel does not serve (a GPU,
 float16, autograd) runs the stock ``nn.Linear`` path. Results stay float32 (or bfloat16)
 matmuls, summed in a different order than MKL's GEMM: equal to ~1e-4 absolute, not bitwise.
+
+Sibling projections of one input (``q_proj``/``k_proj``/``v_proj`` of an attention block,
+``gate_proj``/``up_proj`` of a gated MLP: the names of Llama, Mistral, Qwen, Gemma and most HF
+decoders) are packed as one matrix: the first of them to see an input computes all their outputs
+in one matmul, the others take their columns of it (one call instead of three: at a few rows a
+oneDNN call's fixed cost is most of it; SmolLM2's q/k/v 100 -> 41 us, gate/up 96 -> 62 us at
+one row, bf16). A sibling called with another input, or twice with one, computes afresh.
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Any
 
@@ -27,8 +35,11 @@ from torch import nn
 _PACKED_DTYPES = (torch.float32, torch.bfloat16)
 #: the batch size oneDNN is told to expect when it picks the packed layout (rows x positions of a step)
 _ROWS_HINT = 16
+#: child names of sibling projections that read one input, packed as one matrix
+SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 _packed: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[int, int, torch.dtype], torch.Tensor]] = \
     weakref.WeakKeyDictionary()
+_fused: weakref.WeakKeyDictionary[nn.Module, tuple[_FusedSiblings, int]] = weakref.WeakKeyDictionary()
 
 
 def packing_available() -> bool:
@@ -50,6 +61,9 @@ class PackedLinear(nn.Linear):
         if (x.device.type != "cpu" or x.dtype not in _PACKED_DTYPES or x.dtype != weight.dtype
                 or torch.is_grad_enabled() or weight.device.type != "cpu"):
             return super().forward(x)
+        fused = _fused.get(self)
+        if fused is not None:
+            return fused[0].forward(fused[1], x)
         key = (weight.data_ptr(), weight._version, weight.dtype)
         entry = _packed.get(self)
         if entry is None or entry[0] != key:
@@ -58,6 +72,67 @@ class PackedLinear(nn.Linear):
         shape = x.shape
         out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]), entry[1], self.bias, "none", [None], "")
         return out.reshape(*shape[:-1], out.shape[-1])
+
+
+class _FusedSiblings:
+    """Sibling ``PackedLinear``s of one input as one packed matrix (see the module docstring)."""
+
+    def __init__(self, members: list[nn.Linear]) -> None:
+        self.members = [weakref.ref(m) for m in members]
+        self.key: tuple[Any, ...] | None = None
+        self.packed: torch.Tensor | None = None
+        self.bias: torch.Tensor | None = None
+        bounds = [0]
+        for member in members:
+            bounds.append(bounds[-1] + member.out_features)
+        self.spans = list(zip(bounds, bounds[1:], strict=False))
+        self.last = threading.local()  # (input, output, members served): one forward per thread
+
+    def forward(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        last = getattr(self.last, "value", None)
+        if last is None or last[0] is not x or index in last[2]:
+            last = (x, self._all(x), set())
+        last[2].add(index)
+        self.last.value = None if len(last[2]) == len(self.members) else last  # all served: let go
+        start, end = self.spans[index]
+        return last[1][..., start:end]
+
+    def _all(self, x: torch.Tensor) -> torch.Tensor:
+        members = [ref() for ref in self.members]
+        if any(m is None for m in members):
+            raise RuntimeError("a fused projection's sibling was deleted")
+        weights = [m.weight for m in members]
+        key = tuple((w.data_ptr(), w._version, w.dtype) for w in weights)
+        if key != self.key:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(torch.cat([w.detach() for w in weights]),
+                                                                  _ROWS_HINT)
+            biases = [m.bias for m in members]
+            self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+            self.key = key
+        shape = x.shape
+        out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]), self.packed, self.bias, "none", [None], "")
+        return out.reshape(*shape[:-1], out.shape[-1])
+
+
+def _fuse_siblings(model: Any) -> int:
+    """Group each module's sibling ``PackedLinear``s (``SIBLINGS``) that can share a matrix: same
+    input width, dtype and device, all with a bias or none. How many groups."""
+    groups = 0
+    for module in model.modules():
+        for names in SIBLINGS:
+            members = [getattr(module, name, None) for name in names]
+            if not all(type(m) is PackedLinear for m in members):
+                continue
+            first = members[0]
+            if any(m.in_features != first.in_features or m.weight.dtype != first.weight.dtype
+                   or m.weight.device != first.weight.device or (m.bias is None) != (first.bias is None)
+                   or m in _fused for m in members):
+                continue
+            group = _FusedSiblings(members)
+            for index, member in enumerate(members):
+                _fused[member] = (group, index)
+            groups += 1
+    return groups
 
 
 def pack_linears(model: Any) -> int:
@@ -71,6 +146,7 @@ def pack_linears(model: Any) -> int:
         if type(module) is nn.Linear:
             module.__class__ = PackedLinear
             count += 1
+    _fuse_siblings(model)
     return count
 
 
@@ -82,5 +158,6 @@ def unpack_linears(model: Any) -> int:
         if type(module) is PackedLinear:
             module.__class__ = nn.Linear
             _packed.pop(module, None)
+            _fused.pop(module, None)
             count += 1
     return count
