@@ -156,16 +156,23 @@ class _WorkerHandle:
         self.process = context.Process(target=_worker, args=(child, vocabulary, config), daemon=True)
         self.process.start()
         self.peak_rss = 0
+        self.baseline = self._resident()
 
     def rss(self) -> int:
+        """Resident bytes the worker added since it was forked: a forked child's RSS also counts
+        every page it still shares with the parent, so a parent holding models (a test process)
+        would otherwise put every case over the budget."""
+        value = max(0, self._resident() - self.baseline)
+        self.peak_rss = max(self.peak_rss, value)
+        return value
+
+    def _resident(self) -> int:
         import psutil
 
         try:
-            value = psutil.Process(self.process.pid).memory_info().rss
+            return psutil.Process(self.process.pid).memory_info().rss
         except psutil.Error:
             return 0
-        self.peak_rss = max(self.peak_rss, value)
-        return value
 
     def kill(self) -> None:
         self.process.kill()

@@ -30,6 +30,20 @@ def test_smoke_slice_has_no_invalidation_errors(backend):
     assert summary["invalidation_error"] == 0
     assert summary["passing"] >= 15  # llguidance passes ~79% of the full set
     assert summary["tbm_us"]["p50"] is not None and summary["masks"] > 100
+
+
+def test_the_memory_budget_counts_the_workers_own_pages_not_the_parents():
+    """A forked worker's RSS includes what it shares with its parent: a parent holding more than
+    the budget (a test process with models loaded) once put every case over it."""
+    import torch
+
+    held = torch.ones(400 * 2**20 // 4)  # 400 MB in the parent, resident
+    cases = load_cases(MASKBENCH_DIR, limit=4, seed=11)
+    report = run_maskbench(cases, "llama3", MaskBenchConfig(backend="llguidance", memory_limit_mb=300),
+                           progress=False)
+    assert held.sum() > 0
+    assert not [c for c in report["cases"] if "memory" in c.get("error", "")]
+    assert report["summary"]["peak_rss_mb"]["worker"] < 300
     assert {r["status"] for r in report["cases"]} <= {
         "passing", "compile_error", "timeout", "validation_error", "invalidation_error"}
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from cdsl_struct.models.packed import PackedLinear, pack_linears, packing_available, unpack_linears
+from cdsl_struct.models.packed import PackedLinear, _fused, _packed, pack_linears, packing_available, unpack_linears
 from cdsl_struct.models.runner import self_draft
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN")
@@ -66,6 +66,51 @@ def test_unpack_restores_plain_linears():
     pack_linears(model)
     assert unpack_linears(model) == 2
     assert all(type(m) is nn.Linear for m in model if isinstance(m, nn.Linear))
+
+
+class _Block(nn.Module):
+    """The projections of an attention block and a gated MLP, by the names HF decoders use."""
+
+    def __init__(self, bias: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(32, n, bias=bias) for n in (32, 8, 8))
+        self.gate_proj, self.up_proj = nn.Linear(32, 48, bias=bias), nn.Linear(32, 48, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return [self.q_proj(x), self.k_proj(x), self.v_proj(x), self.gate_proj(x), self.up_proj(x)]
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_sibling_projections_share_one_packed_matrix_and_give_their_own_outputs(bias):
+    block = _Block(bias).eval()
+    plain = copy.deepcopy(block)
+    pack_linears(block)
+    assert all(m in _fused for m in block.children())
+    x = torch.randn(3, 2, 32)
+    with torch.inference_mode():
+        for got, expected in zip(block(x), plain(x), strict=True):
+            torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+        assert not any(m in _packed for m in block.children())  # no separate copies beside the fused ones
+        # a sibling asked twice for one input, or for another input, computes afresh
+        torch.testing.assert_close(block.q_proj(x), plain.q_proj(x), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(block.q_proj(x), plain.q_proj(x), atol=1e-4, rtol=1e-4)
+        other = torch.randn(5, 32)
+        torch.testing.assert_close(block.k_proj(other), plain.k_proj(other), atol=1e-4, rtol=1e-4)
+        block.v_proj.weight.mul_(3)  # in place: the group repacks
+        plain.v_proj.weight.mul_(3)
+        for got, expected in zip(block(x), plain(x), strict=True):
+            torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    unpack_linears(block)
+    assert not any(m in _fused for m in block.children())
+
+
+def test_siblings_that_cannot_share_a_matrix_stay_apart():
+    block = _Block()
+    block.k_proj = nn.Linear(32, 8, bias=True)  # one sibling with a bias, the others without
+    pack_linears(block)
+    assert not any(m in _fused for m in (block.q_proj, block.k_proj, block.v_proj))
+    assert block.gate_proj in _fused and block.up_proj in _fused
 
 
 def test_the_loaded_model_is_packed_and_its_int8_draft_still_quantises(smollm2):
