@@ -1,11 +1,12 @@
-"""Attention for the one-token decode step of a bfloat16 batch on the CPU, registered with transformers.
+"""Attention for the decode and speculation steps of a bfloat16 batch on the CPU, registered with transformers.
 
-transformers' SDPA path runs a decode step (one query per row) through
-``scaled_dot_product_attention``; in bfloat16 on the CPU that dispatches to the flash kernel,
-which splits the work into tasks of one row and one key/value head and, at 16-32 rows of a few
-hundred positions, spends ~0.5-1.2 ms a layer on a few MFLOPs: 30-45% of the step. With one query
-per row the attention is two small batched matmuls, half that cost at that size (below
-``MIN_WORK`` rows x positions SDPA's kernel is the cheaper one and stays), when they read contiguous
+transformers' SDPA path runs a decode step (one query per row, or a few under speculation)
+through ``scaled_dot_product_attention``; in bfloat16 on the CPU that dispatches to the flash
+kernel, which splits the work into tasks of one row and one key/value head and, at 16-32 rows of a
+few hundred positions, spends ~0.5-1.2 ms a layer on a few MFLOPs with one query (30-45% of the
+step) and 1.6-5 ms with 2-8 (more than the rest of the step). With a few queries per row the
+attention is two small batched matmuls, a half to a quarter of that cost (below ``MIN_WORK`` rows
+x queries x positions SDPA's kernel is the cheaper one and stays), when they read contiguous
 keys and values: the query heads sharing a key/value head are the rows of one matmul (no
 ``repeat_kv`` copy), padding is masked, softmax runs in float32 (as transformers' eager attention
 does). A ``GrowingLayer`` hands attention a leading slice of a buffer with spare positions, which
@@ -13,7 +14,7 @@ the matmuls would copy; so the step reads the whole buffer, its spare positions 
 zeros or a rolled-back row's old keys, never garbage).
 
 Every other call goes to transformers' own SDPA function unchanged: float32 (the exactness tests'
-dtype, where the kernels cost the same), more than one query (prompts, speculation), dropout,
+dtype, where the kernels cost the same), more than ``MAX_QUERIES`` queries (prompts), dropout,
 soft-capped logits, attention sinks, non-CPU devices. ``use_decode_attention(model)`` switches a
 loaded model over; masks are built as for SDPA.
 """
@@ -28,10 +29,12 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 #: the name the attention function and its mask function are registered under in transformers
 DECODE_ATTENTION = "cdsl_decode_sdpa"
 
-#: rows x positions below which SDPA stays, its fixed cost being lower there. Tuned on
+#: rows x queries x positions below which SDPA stays, its fixed cost being lower there. Tuned on
 #: single steps of SmolLM2 on a 2-core Zen 4 (1-12 rows of 120-500 positions: SDPA 1-4% faster;
 #: 8 x 525, 16 x 225, 24 x 220: these matmuls 4-10% faster); reported on the serve bench instead.
 MIN_WORK = 3000
+#: queries per row up to which the matmuls replace SDPA (speculation's widths; prompts stay on SDPA)
+MAX_QUERIES = 16
 
 
 def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -43,24 +46,33 @@ def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     batch, heads, q_length, dim = query.shape
     kv_heads, length = key.shape[1], key.shape[2]
     keys = values = None
-    if (q_length == 1 and batch * length >= MIN_WORK and query.dtype == torch.bfloat16
+    if (q_length <= MAX_QUERIES and batch * q_length * length >= MIN_WORK and query.dtype == torch.bfloat16
             and query.device.type == "cpu" and not dropout and not kwargs.get("softcap") and heads % kv_heads == 0
-            and getattr(module, "sinks", None) is None and (attention_mask is None or (
-                attention_mask.dtype == torch.bool and attention_mask.shape[-1] == length))):
+            and getattr(module, "sinks", None) is None and _plain_mask(attention_mask, q_length, length)):
         keys, values = _whole_buffer(key), _whole_buffer(value)
     if keys is None or values is None or keys.shape[2] != values.shape[2]:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    capacity = keys.shape[2]
-    attend = torch.zeros((attention_mask.shape[0] if attention_mask is not None else 1, 1, 1, capacity),
+    capacity, group = keys.shape[2], heads // kv_heads
+    attend = torch.zeros((attention_mask.shape[0] if attention_mask is not None else 1, 1, q_length, capacity),
                          dtype=torch.bool)
     attend[..., :length] = attention_mask if attention_mask is not None else True
-    grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)  # head h = kv * group + g, as repeat_kv
+    # head h = kv * group + g, as repeat_kv: a key/value head's queries are the rows of one matmul
+    grouped = query.reshape(batch, kv_heads, group * q_length, dim)
     scores = torch.matmul(grouped, keys.transpose(-1, -2)) * (dim ** -0.5 if scaling is None else scaling)
-    scores = scores.masked_fill(~attend, torch.finfo(scores.dtype).min)  # finite: no NaN for an empty row
+    scores = scores.view(batch, kv_heads, group, q_length, capacity)
+    scores = scores.masked_fill(~attend.unsqueeze(2), torch.finfo(scores.dtype).min)  # finite: no NaN for an empty row
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
-    out = torch.matmul(probs, values)  # (batch, kv_heads, group, dim)
-    return out.reshape(batch, 1, heads, dim), None
+    out = torch.matmul(probs.view(batch, kv_heads, group * q_length, capacity), values)
+    return out.view(batch, heads, q_length, dim).transpose(1, 2).contiguous(), None
+
+
+def _plain_mask(mask: torch.Tensor | None, q_length: int, length: int) -> bool:
+    """A boolean (rows, 1, queries, positions) mask, or none for a single query (nothing to hide:
+    several queries without a mask mean SDPA's implicit causal mask, left to SDPA)."""
+    if mask is None:
+        return q_length == 1
+    return mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[-2:] == (q_length, length)
 
 
 def _whole_buffer(states: torch.Tensor) -> torch.Tensor | None:

@@ -22,7 +22,7 @@ def _inputs(dtype, rows=4, length=30, queries=1, capacity=None):
     buffer_k = torch.randn(rows, 2, capacity or length, 16, dtype=dtype)
     buffer_v = torch.randn(rows, 2, capacity or length, 16, dtype=dtype)
     query = torch.randn(rows, 6, queries, 16, dtype=dtype)
-    mask = torch.ones(rows, 1, queries, length, dtype=torch.bool)
+    mask = torch.ones(rows, 1, queries, length, dtype=torch.bool).tril(diagonal=length - queries)  # causal
     for row in range(rows):
         mask[row, ..., :5 * row] = False  # left padding, as a batch of rows of different lengths
     return query, buffer_k[:, :, :length], buffer_v[:, :, :length], mask
@@ -33,17 +33,19 @@ def any_size(monkeypatch):
     monkeypatch.setattr(attention, "MIN_WORK", 0)  # the path for small test shapes too
 
 
-def test_a_bf16_decode_step_matches_sdpa_reading_the_whole_buffer(any_size):
-    query, key, value, mask = _inputs(torch.bfloat16, capacity=48)
+@pytest.mark.parametrize("queries", [1, 4])
+def test_a_bf16_step_matches_sdpa_with_one_query_or_a_few(any_size, queries):
+    query, key, value, mask = _inputs(torch.bfloat16, queries=queries, capacity=48)
     assert not key.is_contiguous() and _whole_buffer(key).shape[2] == 48  # the spare 18 positions, masked
     ours, _ = decode_attention(_Module(), query, key, value, mask, scaling=0.25)
     reference, _ = sdpa_attention_forward(_Module(), query, key, value, mask, scaling=0.25)
-    assert ours.shape == reference.shape == (4, 1, 6, 16)
+    assert ours.shape == reference.shape == (4, queries, 6, 16)
     assert torch.allclose(ours.float(), reference.float(), atol=2e-2, rtol=2e-2)
 
 
 def test_other_calls_are_transformers_sdpa_exactly():
-    for dtype, queries, rows in ((torch.float32, 1, 80), (torch.bfloat16, 3, 80), (torch.bfloat16, 1, 4)):
+    prompt = attention.MAX_QUERIES + 1
+    for dtype, queries, rows in ((torch.float32, 1, 80), (torch.bfloat16, prompt, 80), (torch.bfloat16, 1, 4)):
         query, key, value, mask = _inputs(dtype, rows=rows, queries=queries, capacity=40)
         ours, _ = decode_attention(_Module(), query, key, value, mask, scaling=0.25)
         reference, _ = sdpa_attention_forward(_Module(), query, key, value, mask, scaling=0.25)
@@ -74,7 +76,12 @@ def test_a_bf16_batch_decodes_as_its_rows_do_alone(any_size):
         for row in sequences:
             sequences[row] = sequences[row] + [10 + step]
         batched = runner.run([Feed(r, s, 1) for r, s in sequences.items()])
+    for row in sequences:  # a speculation step: three positions per row, logits of all three
+        sequences[row] = sequences[row] + [20, 21, 22]
+    speculated = runner.run([Feed(r, s, 3) for r, s in sequences.items()])
     model.set_attn_implementation("sdpa")
-    alone = [BatchRunner(model, prefix_cache_bytes=0).run([Feed(r, s, 1)])[0] for r, s in sequences.items()]
-    for ours, theirs in zip(batched, alone, strict=True):
+    alone = [BatchRunner(model, prefix_cache_bytes=0).run([Feed(r, s, 3)])[0] for r, s in sequences.items()]
+    for ours, theirs in zip(speculated, alone, strict=True):
+        assert ours.shape == theirs.shape == (3, 50)
         assert torch.allclose(ours, theirs, atol=5e-2, rtol=5e-2)
+    assert all(torch.isfinite(logits).all() for logits in batched)
