@@ -40,8 +40,8 @@ from .decoding.lookahead import CDLH, CDSL
 from .decoding.penalties import Penalties
 from .decoding.stops import StopHoldback
 from .errors import CdslError, InvalidArgument, PromptTooLong
-from .models.batch import BatchRunner
 from .models.loading import LoadedModel, load_model
+from .models.ragged import batch_runner
 from .models.runner import ModelRunner, self_draft
 from .options import Method, one_constraint
 from .params import GenerationParams, ParamOverrides
@@ -143,7 +143,7 @@ class Generator:
         self._cdsl_draft: ModelRunner | None = next(
             (p.runner for p in self.proposers if isinstance(p, DraftModelProposer)), None)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.loaded.eos_token_ids[0]
-        self.engine = BatchEngine(BatchRunner(self.loaded.model, pad_token_id=pad), max_batch_size=max_batch_size,
+        self.engine = BatchEngine(batch_runner(self.loaded.model, pad_token_id=pad), max_batch_size=max_batch_size,
                                   kv_budget_bytes=None if kv_budget_gb is None else kv_budget_gb * 2**30)
         self.engine.start()
 

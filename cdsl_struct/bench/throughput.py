@@ -31,7 +31,7 @@ import torch
 
 from ..constraints import Choice, JsonSchema, Regex, compile
 from ..decoding import BatchEngine, Request, SamplingParams, build_proposers, decode
-from ..models import BatchRunner, ModelRunner, load_model
+from ..models import ModelRunner, batch_runner, load_model
 from ..prompts import prompt_ids
 from .speculative import OutlinesCoreLogitsProcessor, _outlines_index
 
@@ -312,7 +312,7 @@ def _overhead(model: Any, pad: int, jobs: list[Job], free_jobs: list[Job], items
 def _engine_run(model: Any, pad: int, jobs: list[Job], size: int, config: ThroughputConfig,
                 max_tokens: int | None = None) -> dict[str, Any]:
     """All ``jobs`` through a fresh engine of ``size`` rows; per-request outcomes and timings."""
-    engine = BatchEngine(BatchRunner(model, pad_token_id=pad), max_batch_size=size)
+    engine = BatchEngine(batch_runner(model, pad_token_id=pad), max_batch_size=size)
     first: dict[int, float] = {}
     requests = [Request(list(job.prompt), job.compiled, params=job.params, max_tokens=max_tokens or config.max_tokens,
                         proposers=job.proposers, k=config.k,

@@ -254,7 +254,10 @@ class EngineLoad:
     forward_seconds: float = 0.0
     """Time in those forwards, prefill included."""
     prefill_seconds: float = 0.0
-    """Time in them spent prefilling joining rows' prompts."""
+    """Time in them spent in prefill passes of their own (a padded runner's joining rows; a ragged
+    runner prefills within the step and only computes shared prompt prefixes apart)."""
+    prefill_positions: int = 0
+    """Prompt positions those forwards computed (not copied from the prefix cache)."""
     attended_valid_share: float = 1.0
     """Of the KV slots the step passes' attention read, the share holding a row's own token (the
     rest is left padding and rejected speculation's holes)."""
@@ -278,7 +281,7 @@ class BatchEngine:
                  mask_workers: int = 2, adaptive_width: bool = True,
                  prefill_budget: int | None = DEFAULT_PREFILL_BUDGET) -> None:
         self.runner = runner
-        self.width = StepWidth() if adaptive_width else None
+        self.width = StepWidth(padded=not getattr(runner, "ragged", False)) if adaptive_width else None
         budget = kv_budget_bytes if kv_budget_bytes is not None else default_kv_budget(runner.device)
         self.scheduler = Scheduler(max_batch_size, budget, runner.kv_bytes_per_token(), prefill_budget,
                                    self._prefill_cost)
@@ -337,6 +340,7 @@ class BatchEngine:
         return EngineLoad(running, waiting, self.scheduler.max_batch_size,
                           self.stats.rows_stepped / max(1, self.stats.steps), prefixes.bytes if prefixes else 0,
                           self.stats.steps, self.stats.forward_seconds, self.stats.prefill_seconds,
+                          self.runner.prefilled_positions,
                           self.runner.attended_valid / max(1, self.runner.attended_slots))
 
     # --- background loop ----------------------------------------------------------------------
@@ -546,10 +550,10 @@ class BatchEngine:
 
     def _count_pass(self, row: Row, positions: int, forward: float) -> None:
         """Count a target pass ``row`` took part in with ``positions`` of its own (and, the first
-        time, its prefill as a pass of its own)."""
+        time, its prefill: a pass of its own in a padded runner, part of this one in a ragged one)."""
         stats, prompt = row.session.stats, row.request.prompt
         if stats.target_passes == 0 and len(prompt) > 1:
-            stats.target_passes += 1
+            stats.target_passes += 0 if getattr(self.runner, "ragged", False) else 1
             stats.target_positions += len(prompt) - 1
             stats.prefill_seconds = self.runner.last_prefill_seconds
         stats.target_passes += 1

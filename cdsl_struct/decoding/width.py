@@ -1,7 +1,8 @@
 """How many positions each row may feed in a batched step: speculation is worth its padding.
 
-In a batch every row is padded to the widest feed, so a step costs about ``a + b * rows *
-width`` (one pass reads the weights once: ``a``; every fed position adds compute: ``b``). At one
+In a padded batch every row is padded to the widest feed, so a step costs about ``a + b * rows *
+width`` (one pass reads the weights once: ``a``; every fed position adds compute: ``b``); in a
+ragged batch (``RaggedRunner``) only the positions a row really feeds count. At one
 row the pass is bound by reading the weights and extra positions are nearly free; at sixteen
 rows on a CPU they are not. ``StepWidth`` fits ``a`` and ``b`` online from the engine's own
 forward passes and picks the width that maximises expected committed tokens per second: a
@@ -20,8 +21,10 @@ from .loop import Proposal
 class StepWidth:
     """An online cost model of the batched forward and the width it recommends."""
 
-    def __init__(self, cost_ratio: float = 1 / 32, window: int = 64) -> None:
+    def __init__(self, cost_ratio: float = 1 / 32, window: int = 64, padded: bool = True) -> None:
         self.cost_ratio = cost_ratio
+        self.padded = padded
+        """Whether every row of a step is padded to its widest feed (``BatchRunner``) or not."""
         """``b / a``: the cost of one more fed position relative to a pass; refitted as steps run."""
         self.samples: deque[tuple[int, float]] = deque(maxlen=window)
         self.drafted = 0
@@ -59,7 +62,8 @@ class StepWidth:
             room = width - 1
             tokens = sum(1 + min(p.forced, room) + self.acceptance * max(0, min(len(p.tokens), room) - p.forced)
                          for p in proposals)
-            rate = tokens / (1 + self.cost_ratio * rows * width)
+            fed = rows * width if self.padded else sum(1 + min(len(p.tokens), room) for p in proposals)
+            rate = tokens / (1 + self.cost_ratio * fed)
             if rate > best_rate * 1.0001:
                 best, best_rate = width, rate
         return best

@@ -1,10 +1,12 @@
 """Models: loading (``load_model``), tokenizers, the runners that feed them (one sequence:
-``ModelRunner``; a padded batch: ``BatchRunner``) and the self-drafts CDSL uses."""
+``ModelRunner``; many rows, one forward a step: ``RaggedRunner``, or the padded ``BatchRunner`` for
+models it does not support, ``batch_runner`` picks) and the self-drafts CDSL uses."""
 
 from .batch import BatchRunner, Feed
 from .loading import LoadedModel, load_model
+from .ragged import RaggedRunner, batch_runner
 from .runner import ModelRunner, self_draft
 from .tokenizers import NAMED_TOKENIZERS, load_tokenizer
 
-__all__ = ["NAMED_TOKENIZERS", "BatchRunner", "Feed", "LoadedModel", "ModelRunner", "load_model", "load_tokenizer",
-           "self_draft"]
+__all__ = ["NAMED_TOKENIZERS", "BatchRunner", "Feed", "LoadedModel", "ModelRunner", "RaggedRunner", "batch_runner",
+           "load_model", "load_tokenizer", "self_draft"]

@@ -55,8 +55,11 @@ class BatchRunner:
     speculation), feeds the rest of every row in ONE forward pass (new rows are prefilled in one
     pass before it) and returns each row's logits on the model's device. ``release(row)`` drops
     a row. Counters: ``passes``, ``positions`` (real tokens fed), ``padded_positions`` (fed
-    including padding), ``seconds``.
+    including padding), ``prefilled_positions`` (prompt positions computed), ``seconds``.
     """
+
+    #: rows are padded to the step's widest feed, and joining rows are prefilled in a pass of their own
+    ragged = False
 
     def __init__(self, model: Any, name: str = "target", pad_token_id: int = 0,
                  prefix_cache_bytes: int = 256 * 2**20) -> None:
@@ -73,6 +76,7 @@ class BatchRunner:
         self.passes = 0
         self.positions = 0
         self.padded_positions = 0
+        self.prefilled_positions = 0  # prompt positions computed (not copied from the prefix cache)
         self.attended_slots = 0  # rows x cache length over the step passes: what attention reads
         self.attended_valid = 0  # of those, slots holding a row's own token (the rest: padding, holes)
         self.seconds = 0.0
@@ -243,6 +247,7 @@ class BatchRunner:
         child = BatchRunner(self.model, self.name, self.pad_token_id, prefix_cache_bytes=0)
         child._seed([f.row for f in feeds], bodies, seeds)
         rest = [body[reused:] for body, (reused, _) in zip(bodies, seeds, strict=True)]
+        self.prefilled_positions += sum(len(r) for r in rest)
         width = max(len(r) for r in rest)
         if width:
             child._forward(rest, width, 1)
@@ -263,6 +268,7 @@ class BatchRunner:
         child._seed([0], [shared], [self.prefixes.lookup(shared)])
         reused = len(child.tokens[0])
         child._forward([shared[reused:]], len(shared) - reused, 1)
+        self.prefilled_positions += len(shared) - reused
         self.prefixes.store(shared, child.row_kv(0))
         self._count(child)
 

@@ -58,10 +58,13 @@ class Metrics:
                 lambda: load().steps)
             Gauge("cdsl_engine_forward_seconds", "Time in target forwards since start, prefill included",
                   registry=r).set_function(lambda: load().forward_seconds)
-            Gauge("cdsl_engine_prefill_seconds", "Time in target forwards spent prefilling prompts",
-                  registry=r).set_function(lambda: load().prefill_seconds)
+            Gauge("cdsl_engine_prefill_seconds", "Time in target forwards of their own spent prefilling prompts "
+                  "(a ragged step prefills joining rows inside the decode pass)", registry=r).set_function(
+                lambda: load().prefill_seconds)
+            Gauge("cdsl_engine_prefill_positions", "Prompt positions computed by target forwards (not copied from "
+                  "the prefix cache)", registry=r).set_function(lambda: load().prefill_positions)
             Gauge("cdsl_engine_attended_valid_share", "Share of the KV slots attention read that hold a row's own "
-                  "token (the rest: padding and holes)", registry=r).set_function(
+                  "token (the rest: padding, holes, spare positions)", registry=r).set_function(
                 lambda: load().attended_valid_share)
             Gauge("cdsl_prefix_cache_bytes", "Keys and values of stored prompt prefixes",
                   registry=r).set_function(lambda: load().prefix_cache_bytes)

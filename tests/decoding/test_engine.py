@@ -12,6 +12,7 @@ from cdsl_struct import Choice, JsonSchema, Regex, compile
 from cdsl_struct.decoding import SamplingParams, build_proposers, decode
 from cdsl_struct.decoding.engine import BatchEngine, Request, Row, Scheduler
 from cdsl_struct.models.batch import BatchRunner
+from cdsl_struct.models.ragged import RaggedRunner, batch_runner
 from cdsl_struct.models.runner import ModelRunner
 from cdsl_struct.prompts import prompt_ids
 
@@ -43,8 +44,8 @@ def workload(smollm2, parts):
     return rows
 
 
-def engine_for(smollm2, batch=16, **options):
-    return BatchEngine(BatchRunner(smollm2.model, pad_token_id=smollm2.eos_token_ids[0]), max_batch_size=batch,
+def engine_for(smollm2, batch=16, runner=batch_runner, **options):
+    return BatchEngine(runner(smollm2.model, pad_token_id=smollm2.eos_token_ids[0]), max_batch_size=batch,
                        **options)
 
 
@@ -61,12 +62,13 @@ def valid(result, compiled):
     return result.text in ("positive", "negative", "neutral")
 
 
-def test_batched_rows_equal_solo_runs_and_are_valid(smollm2, parts):
+@pytest.mark.parametrize("runner", [RaggedRunner, BatchRunner])
+def test_batched_rows_equal_solo_runs_and_are_valid(smollm2, parts, runner):
     rows = workload(smollm2, parts)
     target = ModelRunner(smollm2.model)
     alone = [decode(target, c, ids, proposers=build_proposers(d, smollm2.model), k=6, max_tokens=40)
              for ids, c, d in rows]
-    engine = engine_for(smollm2)
+    engine = engine_for(smollm2, runner=runner)
     together = engine.run([Request(ids, c, max_tokens=40, proposers=build_proposers(d, smollm2.model), k=6)
                            for ids, c, d in rows])
     for (_, compiled, _), solo, batched in zip(rows, alone, together, strict=True):

@@ -1,0 +1,518 @@
+"""``RaggedRunner``: one forward per step over every row's new tokens, with no padding anywhere but attention.
+
+The padded ``BatchRunner`` feeds a ``[rows, width]`` block: a row with one token to feed is padded
+to the widest feed of the step, a joining row's prompt is prefilled in a pass of its own, and the
+cache aligns rows on the right, so rows joining and leaving copy the whole cache and shorter rows
+are left-padded in it. Under a mixed load that was a separate forward for ~40% of the steps (118
+prefill passes of ~11 new positions each in a 200-request run) and half of the KV slots attention
+read were padding.
+
+Here every row's new tokens are laid end to end in one ``[1, N]`` sequence, as vLLM and
+transformers' continuous batching do: the linear layers (most of the step) see only real tokens,
+and a joining row's prompt rides in the same pass as the decoding rows. Each row owns one slot of a
+``SlotCache`` (per layer ``[slots, kv_heads, capacity, dim]``), its tokens at positions ``0..len``
+(left-aligned): a step writes each new token's keys and values at its row's next positions, a
+rejected speculation is cropped by shortening the row (no holes), a row leaving moves the last
+slot into its place (one row's copy), a fork copies one row. Attention (``ragged_attention``,
+through transformers' attention interface) gathers the queries of the rows that feed a few tokens
+into ``[rows, width]``, attends over their slots up to the longest row (masked per row), and runs
+each row that feeds a long prompt on its own.
+
+The model must call its attention through transformers' ``AttentionInterface`` and its cache
+through ``cache.update`` (Llama, Mistral, Qwen, Gemma 3 and most HF decoders; ``supports_ragged``);
+others use ``BatchRunner``. Sliding-window layers are treated as full layers, as in ``BatchRunner``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import CdslError
+from .attention import DECODE_ATTENTION, decode_attention
+from .batch import BatchRunner, Feed
+from .device import model_device
+from .prefix_cache import PrefixCache
+
+#: queries a row may feed and still share the step's grouped attention; longer feeds (prompts)
+#: attend on their own
+GROUPED_QUERIES = 16
+#: spare positions and rows a grown ``SlotCache`` gets: a quarter of what it needs, at least these
+MIN_SPARE_POSITIONS = 64
+MIN_SPARE_ROWS = 4
+#: model types whose attention runs through the attention interface and the cache's ``update``
+RAGGED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "gemma3", "smollm3", "olmo2", "granite")
+
+#: the attention implementation a ragged runner's model runs under: ragged attention inside a
+#: ragged step, ``decode_attention`` (transformers' SDPA for most calls) outside one
+RAGGED_ATTENTION = "cdsl_ragged"
+
+_step = threading.local()
+
+
+@dataclass
+class StepPlan:
+    """Where a ragged step's tokens go: their slots and positions, and how attention groups them."""
+
+    slots: torch.Tensor
+    """``[N]`` the slot of each fed token."""
+    positions: torch.Tensor
+    """``[N]`` its position in its row."""
+    grouped_slots: torch.Tensor | None
+    """``[A]`` slots of the rows that feed at most ``GROUPED_QUERIES`` tokens (None: slots ``0..A-1``)."""
+    grouped_rows: int
+    grouped_queries: torch.Tensor
+    """``[A * W]`` the flat token each padded query reads (padding reads token 0)."""
+    grouped_width: int
+    grouped_length: int
+    """The longest grouped row after this step."""
+    grouped_mask: torch.Tensor | None
+    """``[A, 1, W, capacity]`` True where a query attends (the cache's capacity: attention reads
+    whole rows of the buffer)."""
+    grouped_real: torch.Tensor
+    """Indices into the ``A * W`` padded queries of the real ones, in flat-token order."""
+    grouped_tokens: torch.Tensor | None
+    """The flat tokens of the grouped rows, in order (None: all of them)."""
+    long_rows: list[tuple[int, int, int, int, torch.Tensor]]
+    """``(slot, first flat token, tokens, row length after the step, causal mask)`` of each row fed
+    on its own."""
+
+
+class SlotCache:
+    """Keys and values per layer, ``[slots, kv_heads, capacity, dim]``; what the model's layers
+    write through ``update`` during a ragged step (not a transformers ``Cache``: it lives in one
+    ``RaggedRunner``, which sizes it and moves rows in it)."""
+
+    def __init__(self, layers: int) -> None:
+        self.keys: list[torch.Tensor | None] = [None] * layers
+        self.values: list[torch.Tensor | None] = [None] * layers
+        self.rows = 0
+        self.length = 0
+
+    def reserve(self, rows: int, length: int) -> None:
+        """Make every layer hold at least ``rows`` slots of ``length`` positions; shrink the positions
+        when they are more than twice what is needed (the grouped attention reads all of them)."""
+        shrink = self.length > 2 * (length + MIN_SPARE_POSITIONS)
+        if rows <= self.rows and length <= self.length and not shrink:
+            return
+        if rows > self.rows:
+            self.rows = rows + max(MIN_SPARE_ROWS, rows // 4)
+        if length > self.length or shrink:
+            self.length = length + max(MIN_SPARE_POSITIONS, length // 4)
+        for index, (keys, values) in enumerate(zip(self.keys, self.values, strict=True)):
+            if keys is not None:
+                self.keys[index], self.values[index] = self._resized(keys), self._resized(values)
+
+    def _resized(self, buffer: torch.Tensor) -> torch.Tensor:
+        if buffer.shape[0] == self.rows and buffer.shape[2] == self.length:
+            return buffer
+        # zeros: attention reads masked positions, and masked garbage could be NaN times a zero weight
+        resized = buffer.new_zeros((self.rows, buffer.shape[1], self.length, buffer.shape[3]))
+        rows, length = min(self.rows, buffer.shape[0]), min(self.length, buffer.shape[2])
+        resized[:rows, :, :length] = buffer[:rows, :, :length]
+        return resized
+
+    def layer(self, index: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``index``'s buffers, allocated like ``like`` (``[.., kv_heads, .., dim]``) on first use."""
+        if self.keys[index] is None:
+            shape = (self.rows, like.shape[-3], self.length, like.shape[-1])
+            self.keys[index] = like.new_zeros(shape)
+            self.values[index] = like.new_zeros(shape)
+        return self.keys[index], self.values[index]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write a step's ``[1, kv_heads, N, dim]`` keys and values at their rows' positions; the layer's buffers."""
+        plan: StepPlan = _step.plan
+        keys, values = self.layer(layer_idx, key_states)
+        keys[plan.slots, :, plan.positions] = key_states[0].transpose(0, 1)
+        values[plan.slots, :, plan.positions] = value_states[0].transpose(0, 1)
+        return keys, values
+
+    def copy_row(self, source: int, target: int, length: int) -> None:
+        for buffers in (self.keys, self.values):
+            for buffer in buffers:
+                if buffer is not None and length:
+                    buffer[target, :, :length] = buffer[source, :, :length]
+
+    def write_row(self, slot: int, kv: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Copy per-layer ``[1, heads, n, dim]`` keys and values into positions ``0..n`` of ``slot``."""
+        for index, (keys, values) in enumerate(kv):
+            layer_keys, layer_values = self.layer(index, keys)
+            layer_keys[slot, :, :keys.shape[2]] = keys[0]
+            layer_values[slot, :, :values.shape[2]] = values[0]
+
+    def read_row(self, slot: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Copies of ``slot``'s first ``length`` positions, per layer ``[1, heads, length, dim]``."""
+        return [(keys[slot:slot + 1, :, :length].clone(), values[slot:slot + 1, :, :length].clone())
+                for keys, values in zip(self.keys, self.values, strict=True) if keys is not None]
+
+
+def ragged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     scaling: float | None) -> torch.Tensor:
+    """Attention of a ragged step: ``query`` ``[1, heads, N, dim]``, ``key``/``value`` a layer's
+    ``SlotCache`` buffers (this step's tokens already written); returns ``[1, N, heads, dim]``."""
+    plan: StepPlan = _step.plan
+    heads, tokens, dim = query.shape[1], query.shape[2], query.shape[3]
+    kv_heads = key.shape[1]
+    group = heads // kv_heads
+    scale = dim ** -0.5 if scaling is None else scaling
+    out = query.new_empty((tokens, heads, dim))
+    if plan.grouped_rows:
+        rows, width = plan.grouped_rows, plan.grouped_width
+        queries = query[0].index_select(1, plan.grouped_queries)  # [heads, rows * width, dim]
+        # head h = kv * group + g, as repeat_kv: a key/value head's queries are the rows of one matmul
+        grouped = queries.view(kv_heads, group, rows, width, dim).permute(2, 0, 1, 3, 4)
+        grouped = grouped.reshape(rows, kv_heads, group * width, dim)
+        # whole rows of the buffer, spare positions masked: a slice along the positions would be copied
+        if plan.grouped_slots is None:
+            keys, values = key[:rows], value[:rows]
+        else:
+            keys, values = key.index_select(0, plan.grouped_slots), value.index_select(0, plan.grouped_slots)
+        length = keys.shape[2]
+        scores = torch.matmul(grouped, keys.transpose(-1, -2)) * scale
+        scores = scores.view(rows, kv_heads, group, width, length)
+        scores = scores.masked_fill(~plan.grouped_mask.unsqueeze(2), torch.finfo(scores.dtype).min)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
+        attended = torch.matmul(probs.view(rows, kv_heads, group * width, length), values)
+        attended = attended.view(rows, heads, width, dim).transpose(1, 2).reshape(rows * width, heads, dim)
+        real = attended.index_select(0, plan.grouped_real)
+        if plan.grouped_tokens is None:
+            out = real
+        else:
+            out[plan.grouped_tokens] = real
+    for slot, first, count, length, causal in plan.long_rows:
+        attended = torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, first:first + count], key[slot:slot + 1, :, :length], value[slot:slot + 1, :, :length],
+            attn_mask=causal, scale=scale, enable_gqa=group > 1)
+        out[first:first + count] = attended[0].transpose(0, 1)
+    return out.unsqueeze(0)
+
+
+def supports_ragged(model: Any) -> bool:
+    """Whether ``model`` can run ragged steps: a decoder of a known family, attention through the interface."""
+    config = getattr(model.config, "get_text_config", lambda: model.config)()
+    if getattr(config, "model_type", None) not in RAGGED_MODEL_TYPES:
+        return False
+    if getattr(config, "attn_logit_softcapping", None) or getattr(config, "final_logit_softcapping", None):
+        return False
+    return getattr(model.config, "_attn_implementation", None) in ("sdpa", DECODE_ATTENTION, RAGGED_ATTENTION)
+
+
+def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+              **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """The ``RAGGED_ATTENTION`` implementation (transformers' signature): ``ragged_attention`` in a
+    ragged step, ``decode_attention`` otherwise."""
+    if getattr(_step, "plan", None) is None:
+        return decode_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                **kwargs)
+    if dropout or kwargs.get("softcap") or getattr(module, "sinks", None) is not None:
+        raise CdslError("ragged attention does not do dropout, soft-capping or attention sinks")
+    return ragged_attention(module, query, key, value, scaling), None
+
+
+def use_ragged_attention(model: Any) -> None:
+    """Register ``attention`` (with SDPA's mask function for calls outside a ragged step) and switch
+    ``model`` to it; idempotent."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(RAGGED_ATTENTION, attention)
+    AttentionMaskInterface.register(RAGGED_ATTENTION, sdpa_mask)
+    if model.config._attn_implementation != RAGGED_ATTENTION:
+        model.set_attn_implementation(RAGGED_ATTENTION)
+
+
+class RaggedRunner:
+    """Batched forward passes over many growing sequences, no padding: the ``BatchRunner`` interface
+    (``run``, ``release``, ``fork``, ``crop``, ``held``, the counters) on a ``SlotCache``.
+
+    ``run(feeds)`` reuses each row's cached prefix, crops what the row no longer holds, and feeds
+    every row's rest, new rows' prompts included, in ONE forward pass. Counters: ``passes``,
+    ``positions`` (tokens fed; ``padded_positions`` equals it), ``prefilled_positions`` (prompt
+    positions computed, not copied from the prefix cache), ``seconds``, ``attended_slots``
+    and ``attended_valid`` (KV slots the grouped attention read, and those holding a row's token).
+    """
+
+    #: no padding in the fed tokens, and a joining row's prompt rides in the step's own pass
+    ragged = True
+
+    def __init__(self, model: Any, name: str = "target", pad_token_id: int = 0,
+                 prefix_cache_bytes: int = 256 * 2**20) -> None:
+        if not supports_ragged(model):
+            raise CdslError(f"{type(model).__name__} cannot run ragged steps; use BatchRunner")
+        use_ragged_attention(model)
+        self.model = model
+        self.name = name
+        self.pad_token_id = pad_token_id
+        self.prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+        self.device = model_device(model)
+        config = getattr(model.config, "get_text_config", lambda: model.config)()
+        self.cache = SlotCache(config.num_hidden_layers)
+        self.order: list[Hashable] = []  # slot -> row
+        self.tokens: dict[Hashable, list[int]] = {}
+        self.passes = 0
+        self.positions = 0
+        self.padded_positions = 0
+        self.prefilled_positions = 0  # prompt positions computed (not copied from the prefix cache)
+        self.attended_slots = 0
+        self.attended_valid = 0
+        self.seconds = 0.0
+        self.last_prefill_seconds = 0.0
+        self.last_positions = 0
+        self.last_fed: dict[Hashable, int] = {}
+        self.last_prefilled: dict[Hashable, int] = {}
+
+    # --- state --------------------------------------------------------------------------------
+
+    @property
+    def rows(self) -> int:
+        return len(self.order)
+
+    @property
+    def physical_length(self) -> int:
+        """The longest row: how far the grouped attention reads."""
+        return max((len(t) for t in self.tokens.values()), default=0)
+
+    def held(self, row: Hashable) -> list[int]:
+        """The tokens the cache holds for ``row`` (empty for an unknown row)."""
+        return list(self.tokens.get(row, []))
+
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of keys and values one position costs, over all layers."""
+        config = getattr(self.model.config, "get_text_config", lambda: self.model.config)()
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        element = next(self.model.parameters()).element_size()
+        return 2 * config.num_hidden_layers * heads * head_dim * element
+
+    # --- rows joining and leaving -------------------------------------------------------------
+
+    @torch.inference_mode()
+    def release(self, *rows: Hashable) -> None:
+        """Forget ``rows`` (unknown ones are ignored); the last slots move into the freed ones."""
+        for row in rows:
+            if row not in self.tokens:
+                continue
+            slot, last = self.order.index(row), len(self.order) - 1
+            if slot != last:
+                moved = self.order[last]
+                self.cache.copy_row(last, slot, len(self.tokens[moved]))
+                self.order[slot] = moved
+            self.order.pop()
+            del self.tokens[row]
+        if not self.order:  # an idle runner holds no cache
+            self.cache = SlotCache(len(self.cache.keys))
+
+    @torch.inference_mode()
+    def fork(self, pairs: Sequence[tuple[Hashable, Hashable]]) -> None:
+        """Add a row per ``(parent, child)`` pair holding a copy of the parent's cache."""
+        for _, child in pairs:
+            if child in self.tokens:
+                raise CdslError(f"row {child!r} already exists")
+        self._reserve(self.rows + len(pairs), 0)
+        for parent, child in pairs:
+            self.order.append(child)
+            self.tokens[child] = list(self.tokens[parent])
+            self.cache.copy_row(self.order.index(parent), len(self.order) - 1, len(self.tokens[child]))
+
+    def crop(self, row: Hashable, length: int) -> None:
+        """Keep only the first ``length`` tokens of ``row``."""
+        del self.tokens[row][length:]
+
+    def _reserve(self, rows: int, length: int) -> None:
+        """Size the cache for ``rows`` rows and positions up to ``length`` or the longest row held."""
+        self.cache.reserve(rows, max(length, self.physical_length))
+
+    def row_kv(self, row: Hashable) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Copies of ``row``'s keys and values, per layer ``[1, heads, tokens, dim]``."""
+        return self.cache.read_row(self.order.index(row), len(self.tokens[row]))
+
+    # --- forward ------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def run(self, feeds: Sequence[Feed]) -> list[torch.Tensor]:
+        """Float32 logits ``[keep, vocab]`` for each feed, from one forward over every fed row's tokens."""
+        if not feeds:
+            return []
+        if len({f.row for f in feeds}) != len(feeds):
+            raise CdslError("a row can be fed once per pass")
+        for feed in feeds:
+            if feed.keep < 1 or len(feed.sequence) < feed.keep:
+                raise CdslError(f"row {feed.row!r}: keep must be in [1, len(sequence)]")
+        forks = [f for f in feeds if f.row not in self.tokens and f.parent in self.tokens]
+        if forks:
+            self.fork([(f.parent, f.row) for f in forks])
+        new = [f for f in feeds if f.row not in self.tokens]
+        self.last_prefill_seconds = 0.0
+        joined = self._join(new) if new else []  # may run a pass for a shared prefix: last_prefill_seconds
+        tails: dict[Hashable, list[int]] = {}
+        for feed in feeds:
+            held = self.tokens[feed.row]
+            common, limit = 0, min(len(held), len(feed.sequence) - feed.keep)
+            while common < limit and held[common] == feed.sequence[common]:
+                common += 1
+            self.crop(feed.row, common)
+            tails[feed.row] = feed.sequence[common:]
+        keeps = {f.row: f.keep for f in feeds}
+        self.last_prefilled = {f.row: len(tails[f.row]) - f.keep for f in new}
+        self.prefilled_positions += sum(self.last_prefilled.values())
+        self.last_fed = {row: len(tail) - self.last_prefilled.get(row, 0) for row, tail in tails.items()}
+        logits, offsets = self._forward(tails, keeps)
+        self.last_positions = sum(len(t) for t in tails.values())
+        if self.prefixes is not None:
+            for row, body, reused in joined:
+                if len(body) > reused:
+                    self.prefixes.store(body, self.cache.read_row(self.order.index(row), len(body)))
+        return [logits[offsets[f.row]:offsets[f.row] + f.keep] for f in feeds]
+
+    def _forward(self, tails: dict[Hashable, list[int]], keeps: dict[Hashable, int]) -> tuple[torch.Tensor, dict]:
+        """Feed each row of ``tails`` its tokens in one ``[1, N]`` pass; the kept logits (float32,
+        ``[sum of keeps, vocab]``) and where each row's start in them."""
+        start = time.perf_counter()
+        plan, ids, positions, kept, offsets = self._plan(tails, keeps)
+        _step.plan = plan
+        try:
+            out = self.model(input_ids=ids.to(self.device), position_ids=positions, cache=self.cache,
+                             attention_mask=_NO_MASK.get(self.device), use_cache=True, logits_to_keep=kept)
+        finally:
+            _step.plan = None
+        for row, tail in tails.items():
+            self.tokens[row].extend(tail)
+        fed = sum(len(t) for t in tails.values())
+        self.passes += 1
+        self.positions += fed
+        self.padded_positions += fed
+        self.attended_slots += plan.grouped_rows * self.cache.length
+        self.attended_valid += sum(len(self.tokens[row]) for row, tail in tails.items()
+                                   if 0 < len(tail) <= GROUPED_QUERIES)
+        self.seconds += time.perf_counter() - start
+        return out.logits[0].float(), offsets
+
+    def _plan(self, tails: dict[Hashable, list[int]], keeps: dict[Hashable, int]) -> tuple[Any, ...]:
+        """The step's flat inputs and its ``StepPlan``, rows in slot order."""
+        ids: list[int] = []
+        slots: list[int] = []
+        positions: list[int] = []
+        kept: list[int] = []
+        offsets: dict[Hashable, int] = {}
+        grouped: list[tuple[int, int, int, int]] = []  # slot, first flat token, count, held before
+        long_rows = []
+        longest = 0
+        for slot, row in enumerate(self.order):
+            tail = tails.get(row)
+            if not tail:
+                continue
+            held, first = len(self.tokens[row]), len(ids)
+            ids.extend(tail)
+            slots.extend([slot] * len(tail))
+            positions.extend(range(held, held + len(tail)))
+            offsets[row] = len(kept)
+            kept.extend(range(len(ids) - keeps[row], len(ids)))
+            longest = max(longest, held + len(tail))
+            if len(tail) <= GROUPED_QUERIES:
+                grouped.append((slot, first, len(tail), held))
+            else:
+                length = held + len(tail)
+                causal = torch.ones((len(tail), length), dtype=torch.bool).tril(held).to(self.device)
+                long_rows.append((slot, first, len(tail), length, causal))
+        self._reserve(self.rows, longest)
+        device = self.device
+        width = max((count for _, _, count, _ in grouped), default=0)
+        length = max((held + count for _, _, count, held in grouped), default=0)
+        queries, real = [], []
+        for index, (_, first, count, _) in enumerate(grouped):
+            queries.extend(range(first, first + count))
+            queries.extend([0] * (width - count))
+            real.extend(range(index * width, index * width + count))
+        mask = None
+        if grouped:
+            held = torch.tensor([h for *_, h in grouped])
+            limit = held[:, None] + torch.arange(width)[None, :]  # query w of a row sees positions <= held + w
+            mask = (torch.arange(self.cache.length)[None, None, :] <= limit[:, :, None]).unsqueeze(1).to(device)
+        in_order = all(slot == index for index, (slot, *_) in enumerate(grouped))
+        grouped_tokens = None
+        if long_rows and grouped:
+            grouped_tokens = torch.tensor([t for _, first, count, _ in grouped for t in range(first, first + count)],
+                                          device=device)
+        plan = StepPlan(
+            slots=torch.tensor(slots, device=device), positions=torch.tensor(positions, device=device),
+            grouped_slots=None if in_order else torch.tensor([s for s, *_ in grouped], device=device),
+            grouped_rows=len(grouped), grouped_queries=torch.tensor(queries, dtype=torch.long, device=device),
+            grouped_width=width, grouped_length=length, grouped_mask=mask,
+            grouped_real=torch.tensor(real, dtype=torch.long, device=device), grouped_tokens=grouped_tokens,
+            long_rows=long_rows)
+        return (plan, torch.tensor([ids]), torch.tensor([positions], device=device),
+                torch.tensor(kept, device=device), offsets)
+
+    # --- joining --------------------------------------------------------------------------------
+
+    def _join(self, feeds: list[Feed]) -> list[tuple[Hashable, list[int], int]]:
+        """Give each new row a slot holding the longest stored prefix of its sequence (but the last
+        ``keep`` tokens); the rest it feeds in the step's pass. Each row's (row, prompt body, reused)."""
+        bodies = [f.sequence[:len(f.sequence) - f.keep] for f in feeds]
+        if self.prefixes is not None and len(bodies) > 1:
+            self._store_shared_prefix(bodies)
+        self._reserve(self.rows + len(feeds), max(len(f.sequence) for f in feeds))
+        joined = []
+        for feed, body in zip(feeds, bodies, strict=True):
+            reused, kv = self.prefixes.lookup(body) if self.prefixes is not None else (0, None)
+            self.order.append(feed.row)
+            self.tokens[feed.row] = list(body[:reused])
+            if kv is not None:
+                self.cache.write_row(len(self.order) - 1, kv)
+            joined.append((feed.row, body, reused))
+        return joined
+
+    def _store_shared_prefix(self, bodies: list[list[int]], least: int = 8) -> None:
+        """Compute the prefix all ``bodies`` share once (in a runner and a pass of its own, so this
+        batch never holds a row that is not a caller's) and store it, so that rows joining together
+        copy it instead of each computing it."""
+        shared = os.path.commonprefix(bodies)
+        if len(shared) < least or self.prefixes.cached_length(shared) == len(shared):
+            return
+        started = time.perf_counter()
+        child = RaggedRunner(self.model, self.name, self.pad_token_id, prefix_cache_bytes=0)
+        child.tokens[0], child.order = [], [0]
+        reused, kv = self.prefixes.lookup(shared)
+        if kv is not None:
+            child._reserve(1, len(shared))
+            child.cache.write_row(0, kv)
+            child.tokens[0] = list(shared[:reused])
+        child.run([Feed(0, list(shared), 1)])
+        self.prefixes.store(shared, child.row_kv(0))
+        for counter in ("passes", "positions", "padded_positions", "prefilled_positions", "seconds"):
+            setattr(self, counter, getattr(self, counter) + getattr(child, counter))
+        self.prefilled_positions += len(shared) - reused - child.prefilled_positions
+        self.last_prefill_seconds = time.perf_counter() - started
+
+
+class _NoMask:
+    """A 4-D placeholder mask per device: transformers returns a 4-D mask as it is instead of
+    building one, and ``ragged_attention`` masks by its plan."""
+
+    def __init__(self) -> None:
+        self.masks: dict[Any, torch.Tensor] = {}
+
+    def get(self, device: Any) -> torch.Tensor:
+        if device not in self.masks:
+            self.masks[device] = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=device)
+        return self.masks[device]
+
+
+_NO_MASK = _NoMask()
+
+
+def batch_runner(model: Any, pad_token_id: int = 0, **kwargs: Any) -> RaggedRunner | BatchRunner:
+    """The engine's runner for ``model``: ``RaggedRunner`` where the model supports it, else the
+    padded ``BatchRunner``; ``CDSL_RUNNER=padded`` forces the padded one (for comparisons)."""
+    if os.environ.get("CDSL_RUNNER", "").lower() != "padded" and supports_ragged(model):
+        return RaggedRunner(model, pad_token_id=pad_token_id, **kwargs)
+    return BatchRunner(model, pad_token_id=pad_token_id, **kwargs)

@@ -1,0 +1,149 @@
+"""RaggedRunner mechanics on a tiny random Llama (and a tiny Gemma 3): every row's
+logits equal a solo run's through ragged feeds, prompts joining a decode step, crops, leaves, forks
+and reused prefixes, each in one forward pass per step."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from cdsl_struct.errors import CdslError
+from cdsl_struct.models.batch import BatchRunner, Feed
+from cdsl_struct.models.ragged import GROUPED_QUERIES, RaggedRunner, batch_runner, supports_ragged
+from cdsl_struct.models.runner import ModelRunner
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(3)
+    config = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    model = LlamaForCausalLM(config).eval()
+    model.set_attn_implementation("sdpa")
+    return model
+
+
+def solo(model, sequence, keep=1):
+    return ModelRunner(model).run(sequence, keep=keep)
+
+
+def close(a, b):
+    return torch.allclose(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_rows_of_different_lengths_join_in_one_pass_and_match_solo_runs(model):
+    runner = RaggedRunner(model)
+    seqs = {"a": [1, 2, 3, 4, 5, 6, 7], "b": [9, 8], "c": [4]}
+    out = runner.run([Feed(r, s, 1) for r, s in seqs.items()])
+    for (row, seq), logits in zip(seqs.items(), out, strict=True):
+        assert close(logits, solo(model, seq)), row
+    assert runner.rows == 3 and runner.passes == 1  # prompts and all: one pass
+    assert runner.positions == runner.padded_positions == 7 + 2 + 1  # nothing padded
+
+
+def test_speculation_crops_and_a_prompt_riding_in_a_decode_step(model):
+    runner = RaggedRunner(model)
+    a, b = [1, 2, 3, 4], [7, 7, 8]
+    runner.run([Feed("a", a, 1), Feed("b", b, 1)])
+    out = runner.run([Feed("a", a + [5, 6, 7], 4), Feed("b", b + [9, 10], 3)])
+    assert close(out[0], solo(model, a + [5, 6, 7], keep=4)) and close(out[1], solo(model, b + [9, 10], keep=3))
+    a, b = a + [5, 11], b + [9, 10, 12]  # a keeps one of its three: cropped, no hole
+    prompt = [3] * (GROUPED_QUERIES + 4)  # longer than the grouped attention takes: attends on its own
+    passes = runner.passes
+    out = runner.run([Feed("a", a, 1), Feed("b", b, 2), Feed("c", prompt, 1)])
+    assert runner.passes == passes + 1
+    assert close(out[0], solo(model, a)) and close(out[1], solo(model, b, keep=2))
+    assert close(out[2], solo(model, prompt))
+    assert runner.held("a") == a and runner.held("c") == prompt
+
+
+def test_leaving_forking_and_unfed_rows_keep_every_cache_right(model):
+    runner = RaggedRunner(model)
+    seqs = {"a": [1, 2, 3], "b": [4, 5, 6, 7, 8], "c": [9, 9]}
+    runner.run([Feed(r, s, 1) for r, s in seqs.items()])
+    runner.release("a")  # the last slot ("c") moves into a's place
+    assert runner.rows == 2 and runner.held("a") == []
+    out = runner.run([Feed("c", [9, 9, 1], 1)])  # b sits this step out
+    assert close(out[0], solo(model, [9, 9, 1]))
+    out = runner.run([Feed("d", [4, 5, 6, 7, 8, 2, 3], 2, parent="b"), Feed("b", [4, 5, 6, 7, 8, 1], 1)])
+    assert close(out[0], solo(model, [4, 5, 6, 7, 8, 2, 3], keep=2)) and close(out[1], solo(model, [4, 5, 6, 7, 8, 1]))
+    with pytest.raises(CdslError):
+        runner.fork([("b", "d")])
+    runner.release("b", "c", "d", "unknown")
+    assert runner.rows == 0
+
+
+def test_bad_feeds_are_refused(model):
+    runner = RaggedRunner(model)
+    with pytest.raises(CdslError):
+        runner.run([Feed("a", [1, 2], 3)])
+    with pytest.raises(CdslError):
+        runner.run([Feed("a", [1, 2], 1), Feed("a", [1, 2], 1)])
+
+
+def test_rows_reuse_stored_and_shared_prefixes(model):
+    runner = RaggedRunner(model)
+    shared = [5, 6, 7, 8, 9, 10, 11]
+    runner.run([Feed("a", shared + [1, 2], 1)])
+    fed = runner.positions
+    seqs = (shared + [1, 2, 3], shared + [4, 4, 4], [9, 9])
+    out = runner.run([Feed(r, s, 1) for r, s in zip("abc", seqs, strict=True)])
+    assert runner.prefixes.hits >= 1 and runner.positions - fed < 2 + 9 + 2  # b copied the shared prefix
+    for logits, seq in zip(out, seqs, strict=True):
+        assert close(logits, solo(model, seq))
+    # rows joining together share a prefix nobody stored: computed once (a pass of its own), then copied
+    fresh = RaggedRunner(model)
+    common = [7, 3, 7, 3, 7, 3, 7, 3, 7, 3]
+    out = fresh.run([Feed("x", common + [1], 1), Feed("y", common + [2, 2], 1)])
+    assert fresh.passes == 2 and fresh.positions == len(common) + 1 + 2
+    assert fresh.prefilled_positions == len(common) + 1  # the shared prefix, then y's one more prompt token
+    assert close(out[0], solo(model, common + [1])) and close(out[1], solo(model, common + [2, 2]))
+    assert fresh.rows == 2 and fresh.last_prefill_seconds > 0
+
+
+def test_many_rows_grow_the_slot_cache(model):
+    runner = RaggedRunner(model, prefix_cache_bytes=0)
+    seqs = {i: [(i * 7 + j) % 50 for j in range(3 + i)] for i in range(12)}
+    runner.run([Feed(r, s, 1) for r, s in seqs.items()])
+    for step in range(70):  # past the cache's first capacity
+        for row in seqs:
+            seqs[row] = seqs[row] + [(row + step) % 50]
+        out = runner.run([Feed(r, s, 1) for r, s in seqs.items()])
+    for row, logits in zip(seqs, out, strict=True):
+        assert close(logits, solo(model, seqs[row])), row
+    assert runner.attended_valid < runner.attended_slots  # rows of different lengths, spare positions
+
+
+def test_the_engine_runner_is_ragged_where_supported(model, monkeypatch):
+    assert supports_ragged(model) and isinstance(batch_runner(model), RaggedRunner)
+    monkeypatch.setenv("CDSL_RUNNER", "padded")
+    assert isinstance(batch_runner(model), BatchRunner)
+
+
+def test_a_gemma3_model_with_sliding_layers_and_query_norms_matches_solo_runs():
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(5)
+    config = Gemma3TextConfig(vocab_size=60, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=1, head_dim=16, sliding_window=64,
+                              max_position_embeddings=256, layer_types=["sliding_attention", "full_attention"])
+    model = Gemma3ForCausalLM(config).eval()
+    model.set_attn_implementation("sdpa")
+    assert supports_ragged(model)
+    runner = RaggedRunner(model, prefix_cache_bytes=0)
+    seqs = {"a": list(range(10, 40)), "b": [5, 6, 7]}
+    runner.run([Feed(r, s, 1) for r, s in seqs.items()])
+    seqs = {"a": seqs["a"] + [7, 8], "b": seqs["b"] + [9]}
+    out = runner.run([Feed("a", seqs["a"], 2), Feed("b", seqs["b"], 1)])
+    assert close(out[0], solo(model, seqs["a"], keep=2)) and close(out[1], solo(model, seqs["b"]))
+
+
+def test_the_cache_shrinks_after_a_long_row_leaves_and_the_rest_stay_right(model):
+    runner = RaggedRunner(model, prefix_cache_bytes=0)
+    short, long = [1, 2, 3], [(7 * j) % 50 for j in range(200)]
+    runner.run([Feed("short", short, 1), Feed("long", long, 1)])
+    grown = runner.cache.length
+    runner.release("long")
+    out = runner.run([Feed("short", short + [4], 1)])
+    assert runner.cache.length < grown // 2 and close(out[0], solo(model, short + [4]))
+    runner.release("short")
+    assert runner.rows == 0 and all(k is None for k in runner.cache.keys)  # an idle runner holds nothing
