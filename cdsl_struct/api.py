@@ -121,7 +121,7 @@ class Generator:
 
     def __init__(self, model: str | LoadedModel = "smollm2", *, draft: str | None = "auto",
                  backend: str = "auto", whitespace: str = DEFAULT_WHITESPACE, compile_timeout: float = 30.0,
-                 k: int = 6, device: Any = "auto", dtype: Any = "auto", max_batch_size: int = 16,
+                 k: int = 6, device: Any = "auto", dtype: Any = "auto", max_batch_size: int = 32,
                  kv_budget_gb: float | None = None, extra_properties: bool = False,
                  max_prompt_tokens: int | None = None, loop_guard: bool = True) -> None:
         if k < 1:

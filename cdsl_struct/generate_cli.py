@@ -60,8 +60,8 @@ def add_device_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                         help="weights' precision (default auto: bfloat16 on a GPU that supports it and on a "
                              "CPU with native bfloat16, else float32)")
-    parser.add_argument("--max-batch-size", type=int, default=16,
-                        help="rows decoded together in one forward pass (default 16)")
+    parser.add_argument("--max-batch-size", type=int, default=32,
+                        help="rows decoded together in one forward pass (default 32)")
 
 
 def run_generate(args: argparse.Namespace) -> int:

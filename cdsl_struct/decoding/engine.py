@@ -277,7 +277,7 @@ class BatchEngine:
     many threads share steps (what ``Generator`` and the server use).
     """
 
-    def __init__(self, runner: BatchRunner, *, max_batch_size: int = 16, kv_budget_bytes: float | None = None,
+    def __init__(self, runner: BatchRunner, *, max_batch_size: int = 32, kv_budget_bytes: float | None = None,
                  mask_workers: int = 2, adaptive_width: bool = True,
                  prefill_budget: int | None = DEFAULT_PREFILL_BUDGET) -> None:
         self.runner = runner

@@ -43,8 +43,9 @@ from .prefix_cache import PrefixCache
 #: queries a row may feed and still share the step's grouped attention; longer feeds (prompts)
 #: attend on their own
 GROUPED_QUERIES = 16
-#: spare positions and rows a grown ``SlotCache`` gets: a quarter of what it needs, at least these
-MIN_SPARE_POSITIONS = 64
+#: spare positions a grown ``SlotCache`` gets (an eighth of what it needs, at least this many: the
+#: grouped attention reads them all) and spare rows (a quarter, at least this many)
+MIN_SPARE_POSITIONS = 16
 MIN_SPARE_ROWS = 4
 #: model types whose attention runs through the attention interface and the cache's ``update``
 RAGGED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "gemma3", "smollm3", "olmo2", "granite")
@@ -104,7 +105,7 @@ class SlotCache:
         if rows > self.rows:
             self.rows = rows + max(MIN_SPARE_ROWS, rows // 4)
         if length > self.length or shrink:
-            self.length = length + max(MIN_SPARE_POSITIONS, length // 4)
+            self.length = length + max(MIN_SPARE_POSITIONS, length // 8)
         for index, (keys, values) in enumerate(zip(self.keys, self.values, strict=True)):
             if keys is not None:
                 self.keys[index], self.values[index] = self._resized(keys), self._resized(values)
@@ -166,21 +167,22 @@ def ragged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     out = query.new_empty((tokens, heads, dim))
     if plan.grouped_rows:
         rows, width = plan.grouped_rows, plan.grouped_width
-        queries = query[0].index_select(1, plan.grouped_queries)  # [heads, rows * width, dim]
+        queries = query[0].index_select(1, plan.grouped_queries) * scale  # [heads, rows * width, dim]
         # head h = kv * group + g, as repeat_kv: a key/value head's queries are the rows of one matmul
         grouped = queries.view(kv_heads, group, rows, width, dim).permute(2, 0, 1, 3, 4)
-        grouped = grouped.reshape(rows, kv_heads, group * width, dim)
+        grouped = grouped.reshape(rows * kv_heads, group * width, dim)
         # whole rows of the buffer, spare positions masked: a slice along the positions would be copied
         if plan.grouped_slots is None:
             keys, values = key[:rows], value[:rows]
         else:
             keys, values = key.index_select(0, plan.grouped_slots), value.index_select(0, plan.grouped_slots)
         length = keys.shape[2]
-        scores = torch.matmul(grouped, keys.transpose(-1, -2)) * scale
+        scores = torch.bmm(grouped, keys.view(rows * kv_heads, length, dim).transpose(1, 2))
         scores = scores.view(rows, kv_heads, group, width, length)
         scores = scores.masked_fill(~plan.grouped_mask.unsqueeze(2), torch.finfo(scores.dtype).min)
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
-        attended = torch.matmul(probs.view(rows, kv_heads, group * width, length), values)
+        attended = torch.bmm(probs.view(rows * kv_heads, group * width, length),
+                             values.view(rows * kv_heads, length, dim))
         attended = attended.view(rows, heads, width, dim).transpose(1, 2).reshape(rows * width, heads, dim)
         real = attended.index_select(0, plan.grouped_real)
         if plan.grouped_tokens is None:

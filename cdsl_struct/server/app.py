@@ -328,7 +328,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000, model: str = "smollm2", dra
           backend: str = "auto", whitespace: str = DEFAULT_WHITESPACE, loop_guard: bool = True,
           compile_timeout: float = 30.0,
           log_level: str = "info",
-          device: Any = "auto", dtype: Any = "auto", max_batch_size: int = 16, extra_properties: bool = False,
+          device: Any = "auto", dtype: Any = "auto", max_batch_size: int = 32, extra_properties: bool = False,
           max_prompt_tokens: int | None = None, **options: Any) -> None:
     """Load ``model`` (with ``draft``) once on ``device`` and serve it on ``host:port`` until interrupted.
 
