@@ -6,9 +6,10 @@ Two measurements, rounds interleaved, the best of each kept (the machine is shar
   stock linear layers and (on the CPU) prepacked oneDNN weights (``models.packed``, what
   ``load_model`` gives), a static KV cache, and optionally ``torch.compile`` of the static-cache
   step;
-- the batched step grid: rows B x fed positions per row T through ``BatchRunner`` at the default
-  dtype, as the engine loads it (the cost model behind ``StepWidth``: a pass costs about
-  ``a + b * B * T``), and the prefill cost per position.
+- the batched step grid: rows B x fed positions per row T through the engine's runner
+  (``batch_runner``: ragged where the model supports it) at the default dtype, as the engine
+  loads it (the cost model behind ``StepWidth``: a pass costs about ``a + b * B * T``), and the
+  prefill cost per position.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..models import BatchRunner, Feed, load_model
+from ..models import Feed, batch_runner, load_model
 
 
 @dataclass
@@ -32,7 +33,7 @@ class StepCostConfig:
     context: int = 120
     steps: int = 20
     rounds: int = 2
-    rows: tuple[int, ...] = (1, 4, 8, 16)
+    rows: tuple[int, ...] = (1, 4, 8, 16, 32)
     widths: tuple[int, ...] = (1, 2, 4, 8)
     compile: bool = False
 
@@ -62,7 +63,7 @@ def _single_row(model: Any, context: list[int], steps: int, static: Any = None) 
 
 def _grid_cell(model: Any, rows: int, width: int, context: int, rng: random.Random) -> tuple[float, float]:
     """(ms of a step feeding ``width`` positions to each of ``rows`` rows, ms per prefilled position)."""
-    runner = BatchRunner(model, prefix_cache_bytes=0)
+    runner = batch_runner(model, prefix_cache_bytes=0)
     sequences = {i: [rng.randrange(100, 40000) for _ in range(context)] for i in range(rows)}
     started = time.perf_counter()
     runner.run([Feed(i, s, 1) for i, s in sequences.items()])
@@ -76,7 +77,7 @@ def _grid_cell(model: Any, rows: int, width: int, context: int, rng: random.Rand
         started = time.perf_counter()
         runner.run(feeds)
         best = min(best, time.perf_counter() - started)
-        for i in range(rows):  # the speculation is rejected but its first token: holes, as in decoding
+        for i in range(rows):  # the speculation is rejected but its first token, as in decoding
             sequences[i] = sequences[i][:len(sequences[i]) - width + 1]
     return best * 1000, prefill
 
