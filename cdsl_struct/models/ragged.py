@@ -19,8 +19,9 @@ into ``[rows, width]``, attends over their slots up to the longest row (masked p
 each row that feeds a long prompt on its own.
 
 The model must call its attention through transformers' ``AttentionInterface`` and its cache
-through ``cache.update`` (Llama, Mistral, Qwen, Gemma 3 and most HF decoders; ``supports_ragged``);
-others use ``BatchRunner``. Sliding-window layers are treated as full layers, as in ``BatchRunner``.
+through ``cache.update``; the families checked (Llama, Mistral, Qwen 2 and 3, Gemma 3) are listed
+in ``RAGGED_MODEL_TYPES`` (``supports_ragged``); others use ``BatchRunner``. Sliding-window layers
+are treated as full layers, as in ``BatchRunner``.
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ GROUPED_QUERIES = 16
 #: grouped attention reads them all) and spare rows (a quarter, at least this many)
 MIN_SPARE_POSITIONS = 16
 MIN_SPARE_ROWS = 4
-#: model types whose attention runs through the attention interface and the cache's ``update``
-RAGGED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "gemma3", "smollm3", "olmo2", "granite")
+#: model types whose attention runs through the attention interface and the cache's ``update``,
+#: each checked against solo runs (tests/models/test_ragged.py)
+RAGGED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 
 #: the attention implementation a ragged runner's model runs under: ragged attention inside a
 #: ragged step, ``decode_attention`` (transformers' SDPA for most calls) outside one

@@ -119,22 +119,43 @@ def test_the_engine_runner_is_ragged_where_supported(model, monkeypatch):
     assert isinstance(batch_runner(model), BatchRunner)
 
 
-def test_a_gemma3_model_with_sliding_layers_and_query_norms_matches_solo_runs():
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+def _tiny(family):
+    """A tiny random model of ``family`` (two layers, grouped key/value heads)."""
+    import transformers
 
     torch.manual_seed(5)
-    config = Gemma3TextConfig(vocab_size=60, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                              num_attention_heads=4, num_key_value_heads=1, head_dim=16, sliding_window=64,
-                              max_position_embeddings=256, layer_types=["sliding_attention", "full_attention"])
-    model = Gemma3ForCausalLM(config).eval()
-    model.set_attn_implementation("sdpa")
-    assert supports_ragged(model)
+    common = dict(vocab_size=60, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256)
+    if family == "gemma3_text":  # sliding and full layers, query/key norms, its own scaling
+        config = transformers.Gemma3TextConfig(**common, head_dim=16, sliding_window=64,
+                                               layer_types=["sliding_attention", "full_attention"])
+        model = transformers.Gemma3ForCausalLM(config)
+    else:
+        config = transformers.AutoConfig.for_model(family, **common)
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    model.eval().set_attn_implementation("sdpa")
+    return model
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen2", "qwen3", "gemma3_text"])
+def test_every_supported_family_matches_solo_runs(family):
+    model = _tiny(family)
+    assert model.config.model_type == family and supports_ragged(model)
     runner = RaggedRunner(model, prefix_cache_bytes=0)
     seqs = {"a": list(range(10, 40)), "b": [5, 6, 7]}
     runner.run([Feed(r, s, 1) for r, s in seqs.items()])
     seqs = {"a": seqs["a"] + [7, 8], "b": seqs["b"] + [9]}
     out = runner.run([Feed("a", seqs["a"], 2), Feed("b", seqs["b"], 1)])
     assert close(out[0], solo(model, seqs["a"], keep=2)) and close(out[1], solo(model, seqs["b"]))
+
+
+def test_other_families_keep_the_padded_runner():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=60, n_embd=32, n_layer=1, n_head=2, n_positions=64)).eval()
+    assert not supports_ragged(model) and isinstance(batch_runner(model), BatchRunner)
+    with pytest.raises(CdslError):
+        RaggedRunner(model)
 
 
 def test_the_cache_shrinks_after_a_long_row_leaves_and_the_rest_stay_right(model):
