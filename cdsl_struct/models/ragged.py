@@ -15,8 +15,8 @@ and a joining row's prompt rides in the same pass as the decoding rows. Each row
 rejected speculation is cropped by shortening the row (no holes), a row leaving moves the last
 slot into its place (one row's copy), a fork copies one row. Attention (``ragged_attention``,
 through transformers' attention interface) gathers the queries of the rows that feed a few tokens
-into ``[rows, width]``, attends over their slots up to the longest row (masked per row), and runs
-each row that feeds a long prompt on its own.
+into ``[rows, width]``, attends over their slots (whole rows of the buffer, each masked to its
+row's length), and runs each row that feeds a long prompt on its own.
 
 The model must call its attention through transformers' ``AttentionInterface`` and its cache
 through ``cache.update``; the families checked (Llama, Mistral, Qwen 2 and 3, Gemma 3) are listed
@@ -44,6 +44,9 @@ from .prefix_cache import PrefixCache
 #: queries a row may feed and still share the step's grouped attention; longer feeds (prompts)
 #: attend on their own
 GROUPED_QUERIES = 16
+#: a step of at most this many rows attends row by row (SDPA on each row's slot): at one or two
+#: rows that is cheaper than the grouped matmuls' fixed cost
+SOLO_ROWS = 2
 #: spare positions a grown ``SlotCache`` gets (an eighth of what it needs, at least this many: the
 #: grouped attention reads them all) and spare rows (a quarter, at least this many)
 MIN_SPARE_POSITIONS = 16
@@ -75,6 +78,8 @@ class StepPlan:
     grouped_width: int
     grouped_length: int
     """The longest grouped row after this step."""
+    grouped_valid: int
+    """Positions the grouped rows hold after this step (of the ``rows x capacity`` attention reads)."""
     grouped_mask: torch.Tensor | None
     """``[A, 1, W, capacity]`` True where a query attends (the cache's capacity: attention reads
     whole rows of the buffer)."""
@@ -83,8 +88,8 @@ class StepPlan:
     grouped_tokens: torch.Tensor | None
     """The flat tokens of the grouped rows, in order (None: all of them)."""
     long_rows: list[tuple[int, int, int, int, torch.Tensor]]
-    """``(slot, first flat token, tokens, row length after the step, causal mask)`` of each row fed
-    on its own."""
+    """``(slot, first flat token, tokens, row length after the step, causal mask)`` of each row that
+    attends on its own (a prompt, or every row of a step of at most ``SOLO_ROWS`` rows)."""
 
 
 class SlotCache:
@@ -192,10 +197,15 @@ def ragged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
         else:
             out[plan.grouped_tokens] = real
     for slot, first, count, length, causal in plan.long_rows:
+        row_query, row_keys = query[:, :, first:first + count], key[slot:slot + 1, :, :length]
+        row_values = value[slot:slot + 1, :, :length]
+        if count == 1 and query.dtype == torch.bfloat16 and query.device.type == "cpu":
+            # one bfloat16 query takes a slow SDPA kernel on the CPU (164 us against 29 us in float32
+            # at 270 positions)
+            row_query, row_keys, row_values = row_query.float(), row_keys.float(), row_values.float()
         attended = torch.nn.functional.scaled_dot_product_attention(
-            query[:, :, first:first + count], key[slot:slot + 1, :, :length], value[slot:slot + 1, :, :length],
-            attn_mask=causal, scale=scale, enable_gqa=group > 1)
-        out[first:first + count] = attended[0].transpose(0, 1)
+            row_query, row_keys, row_values, attn_mask=causal, scale=scale, enable_gqa=group > 1)
+        out[first:first + count] = attended[0].transpose(0, 1).to(out.dtype)
     return out.unsqueeze(0)
 
 
@@ -394,9 +404,9 @@ class RaggedRunner:
         self.passes += 1
         self.positions += fed
         self.padded_positions += fed
-        self.attended_slots += plan.grouped_rows * self.cache.length
-        self.attended_valid += sum(len(self.tokens[row]) for row, tail in tails.items()
-                                   if 0 < len(tail) <= GROUPED_QUERIES)
+        solo = sum(length for _, _, _, length, _ in plan.long_rows)
+        self.attended_slots += plan.grouped_rows * self.cache.length + solo
+        self.attended_valid += plan.grouped_valid + solo
         self.seconds += time.perf_counter() - start
         return out.logits[0].float(), offsets
 
@@ -410,6 +420,7 @@ class RaggedRunner:
         grouped: list[tuple[int, int, int, int]] = []  # slot, first flat token, count, held before
         long_rows = []
         longest = 0
+        solo = sum(1 for tail in tails.values() if tail) <= SOLO_ROWS
         for slot, row in enumerate(self.order):
             tail = tails.get(row)
             if not tail:
@@ -421,7 +432,7 @@ class RaggedRunner:
             offsets[row] = len(kept)
             kept.extend(range(len(ids) - keeps[row], len(ids)))
             longest = max(longest, held + len(tail))
-            if len(tail) <= GROUPED_QUERIES:
+            if len(tail) <= GROUPED_QUERIES and not solo:
                 grouped.append((slot, first, len(tail), held))
             else:
                 length = held + len(tail)
@@ -450,7 +461,8 @@ class RaggedRunner:
             slots=torch.tensor(slots, device=device), positions=torch.tensor(positions, device=device),
             grouped_slots=None if in_order else torch.tensor([s for s, *_ in grouped], device=device),
             grouped_rows=len(grouped), grouped_queries=torch.tensor(queries, dtype=torch.long, device=device),
-            grouped_width=width, grouped_length=length, grouped_mask=mask,
+            grouped_width=width, grouped_length=length, grouped_valid=sum(h + c for _, _, c, h in grouped),
+            grouped_mask=mask,
             grouped_real=torch.tensor(real, dtype=torch.long, device=device), grouped_tokens=grouped_tokens,
             long_rows=long_rows)
         return (plan, torch.tensor([ids]), torch.tensor([positions], device=device),

@@ -142,11 +142,15 @@ def test_every_supported_family_matches_solo_runs(family):
     model = _tiny(family)
     assert model.config.model_type == family and supports_ragged(model)
     runner = RaggedRunner(model, prefix_cache_bytes=0)
-    seqs = {"a": list(range(10, 40)), "b": [5, 6, 7]}
+    seqs = {"a": list(range(10, 40)), "b": [5, 6, 7], "c": [8, 9]}
     runner.run([Feed(r, s, 1) for r, s in seqs.items()])
-    seqs = {"a": seqs["a"] + [7, 8], "b": seqs["b"] + [9]}
-    out = runner.run([Feed("a", seqs["a"], 2), Feed("b", seqs["b"], 1)])
+    seqs = {"a": seqs["a"] + [7, 8], "b": seqs["b"] + [9], "c": seqs["c"] + [1, 2, 3]}
+    out = runner.run([Feed("a", seqs["a"], 2), Feed("b", seqs["b"], 1), Feed("c", seqs["c"], 3)])  # grouped
     assert close(out[0], solo(model, seqs["a"], keep=2)) and close(out[1], solo(model, seqs["b"]))
+    assert close(out[2], solo(model, seqs["c"], keep=3))
+    runner.release("b", "c")
+    out = runner.run([Feed("a", seqs["a"] + [4], 1)])  # one row: it attends on its own
+    assert close(out[0], solo(model, seqs["a"] + [4]))
 
 
 def test_other_families_keep_the_padded_runner():
