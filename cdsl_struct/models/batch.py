@@ -48,6 +48,33 @@ class Feed:
     parent: Hashable | None = None
 
 
+def check_feeds(feeds: Sequence[Feed]) -> None:
+    """Refuse a step's feeds that feed a row twice or keep more logits than they feed."""
+    if len({f.row for f in feeds}) != len(feeds):
+        raise CdslError("a row can be fed once per pass")
+    for feed in feeds:
+        if feed.keep < 1 or len(feed.sequence) < feed.keep:
+            raise CdslError(f"row {feed.row!r}: keep must be in [1, len(sequence)]")
+
+
+def reusable_prefix(held: Sequence[int], feed: Feed) -> int:
+    """How many of the ``held`` tokens a row keeps for ``feed``: the prefix they share with its
+    sequence, leaving at least ``keep`` tokens to feed."""
+    common, limit = 0, min(len(held), len(feed.sequence) - feed.keep)
+    while common < limit and held[common] == feed.sequence[common]:
+        common += 1
+    return common
+
+
+def kv_bytes_per_token(model: Any) -> int:
+    """Bytes of keys and values one position of ``model`` costs, over all layers."""
+    config = getattr(model.config, "get_text_config", lambda: model.config)()
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    element = next(model.parameters()).element_size()
+    return 2 * config.num_hidden_layers * heads * head_dim * element
+
+
 class BatchRunner:
     """Batched forward passes over many growing sequences with one padded KV cache.
 
@@ -101,11 +128,7 @@ class BatchRunner:
 
     def kv_bytes_per_token(self) -> int:
         """Bytes of keys and values one position costs, over all layers."""
-        config = getattr(self.model.config, "get_text_config", lambda: self.model.config)()
-        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        element = next(self.model.parameters()).element_size()
-        return 2 * config.num_hidden_layers * heads * head_dim * element
+        return kv_bytes_per_token(self.model)
 
     # --- rows joining and leaving -------------------------------------------------------------
 
@@ -167,11 +190,7 @@ class BatchRunner:
         """
         if not feeds:
             return []
-        if len({f.row for f in feeds}) != len(feeds):
-            raise CdslError("a row can be fed once per pass")
-        for feed in feeds:
-            if feed.keep < 1 or len(feed.sequence) < feed.keep:
-                raise CdslError(f"row {feed.row!r}: keep must be in [1, len(sequence)]")
+        check_feeds(feeds)
         forks = [f for f in feeds if f.row not in self.slots and f.parent in self.slots]
         if forks:
             self.fork([(f.parent, f.row) for f in forks])
@@ -184,10 +203,7 @@ class BatchRunner:
             self.last_prefill_seconds = time.perf_counter() - started
         tails: dict[Hashable, list[int]] = {}
         for feed in feeds:
-            held = self.tokens[feed.row]
-            common, limit = 0, min(len(held), len(feed.sequence) - feed.keep)
-            while common < limit and held[common] == feed.sequence[common]:
-                common += 1
+            common = reusable_prefix(self.tokens[feed.row], feed)
             self.crop(feed.row, common)
             tails[feed.row] = feed.sequence[common:]
         self._trim_right()

@@ -37,7 +37,7 @@ import torch
 
 from ..errors import CdslError
 from .attention import DECODE_ATTENTION, decode_attention
-from .batch import BatchRunner, Feed
+from .batch import BatchRunner, Feed, check_feeds, kv_bytes_per_token, reusable_prefix
 from .device import model_device
 from .prefix_cache import PrefixCache
 
@@ -268,8 +268,7 @@ class RaggedRunner:
         self.pad_token_id = pad_token_id
         self.prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         self.device = model_device(model)
-        config = getattr(model.config, "get_text_config", lambda: model.config)()
-        self.cache = SlotCache(config.num_hidden_layers)
+        self.cache = SlotCache(getattr(model.config, "get_text_config", lambda: model.config)().num_hidden_layers)
         self.order: list[Hashable] = []  # slot -> row
         self.tokens: dict[Hashable, list[int]] = {}
         self.passes = 0
@@ -301,11 +300,7 @@ class RaggedRunner:
 
     def kv_bytes_per_token(self) -> int:
         """Bytes of keys and values one position costs, over all layers."""
-        config = getattr(self.model.config, "get_text_config", lambda: self.model.config)()
-        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        element = next(self.model.parameters()).element_size()
-        return 2 * config.num_hidden_layers * heads * head_dim * element
+        return kv_bytes_per_token(self.model)
 
     # --- rows joining and leaving -------------------------------------------------------------
 
@@ -356,11 +351,7 @@ class RaggedRunner:
         """Float32 logits ``[keep, vocab]`` for each feed, from one forward over every fed row's tokens."""
         if not feeds:
             return []
-        if len({f.row for f in feeds}) != len(feeds):
-            raise CdslError("a row can be fed once per pass")
-        for feed in feeds:
-            if feed.keep < 1 or len(feed.sequence) < feed.keep:
-                raise CdslError(f"row {feed.row!r}: keep must be in [1, len(sequence)]")
+        check_feeds(feeds)
         forks = [f for f in feeds if f.row not in self.tokens and f.parent in self.tokens]
         if forks:
             self.fork([(f.parent, f.row) for f in forks])
@@ -369,10 +360,7 @@ class RaggedRunner:
         joined = self._join(new) if new else []  # may run a pass for a shared prefix: last_prefill_seconds
         tails: dict[Hashable, list[int]] = {}
         for feed in feeds:
-            held = self.tokens[feed.row]
-            common, limit = 0, min(len(held), len(feed.sequence) - feed.keep)
-            while common < limit and held[common] == feed.sequence[common]:
-                common += 1
+            common = reusable_prefix(self.tokens[feed.row], feed)
             self.crop(feed.row, common)
             tails[feed.row] = feed.sequence[common:]
         keeps = {f.row: f.keep for f in feeds}

@@ -4,30 +4,11 @@ and reused prefixes, each in one forward pass per step."""
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from cdsl_struct.errors import CdslError
 from cdsl_struct.models.batch import BatchRunner, Feed
 from cdsl_struct.models.ragged import GROUPED_QUERIES, RaggedRunner, batch_runner, supports_ragged
-from cdsl_struct.models.runner import ModelRunner
-
-
-@pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(3)
-    config = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    model = LlamaForCausalLM(config).eval()
-    model.set_attn_implementation("sdpa")
-    return model
-
-
-def solo(model, sequence, keep=1):
-    return ModelRunner(model).run(sequence, keep=keep)
-
-
-def close(a, b):
-    return torch.allclose(a, b, atol=1e-4, rtol=1e-4)
+from tests.models.solo import close, solo
 
 
 def test_rows_of_different_lengths_join_in_one_pass_and_match_solo_runs(model):
