@@ -18,7 +18,9 @@ Every request is compiled by ``cdsl_struct.compile`` (the schema rewriting layer
 schemas vLLM's own backends refuse work), with the model's tokenizer, and decoded under its own
 ``ConstraintState``: at each step the processor advances the state by the tokens vLLM sampled
 since the last step and writes the allowed next tokens into one preallocated bitmask for the
-batch, applied to the logits in one operation. A request without ``cdsl_*`` arguments is left
+batch, applied to the logits in one operation; before the mask, the loop guard of this
+library's engine (``decoding.loops``, ``cdsl_loop_guard``, on by default) penalises the token
+that would start a repeating block once more. A request without ``cdsl_*`` arguments is left
 alone. A bad constraint is refused at admission (``validate_params``: HTTP 400) when the
 processor knows the tokenizer there — always with the launcher below, or when
 ``CDSL_VLLM_TOKENIZER`` names it; otherwise only its spec is checked at admission, and a
@@ -51,6 +53,7 @@ from typing import Any
 from ..constraints import Choice, CompiledConstraint, ConstraintState, Grammar, JsonSchema, Regex, TokenVocabulary
 from ..constraints import compile as compile_constraint
 from ..constraints.mask import allocate_bitmask, apply_bitmask, clear_bitmask, set_bit
+from ..decoding.loops import PENALTY, loop_continuation
 from ..errors import CdslError
 from ..options import one_constraint
 
@@ -68,18 +71,22 @@ PREFIX = "cdsl_"
 ARG_KEYS = ("cdsl_schema", "cdsl_regex", "cdsl_grammar", "cdsl_choices")
 """The ``extra_args`` keys that carry a constraint (at most one per request)."""
 OPTION_KEYS = ("cdsl_whitespace", "cdsl_backend")
+"""Keys passed on to ``compile``."""
+GUARD_KEY = "cdsl_loop_guard"
+"""1 (the default, as in this library's engine) or 0: steer a row out of a repeating cycle."""
 TOKENIZER_ENV = "CDSL_VLLM_TOKENIZER"
 PROCESSOR_PATH = "cdsl_struct.integrations.vllm:CdslLogitsProcessor"
 
 
 def constraint_args(*, schema: Any = None, regex: str | None = None, grammar: str | None = None,
                     choices: Sequence[str] | None = None, whitespace: str | None = None,
-                    backend: str | None = None) -> dict[str, Any]:
+                    backend: str | None = None, loop_guard: bool | None = None) -> dict[str, Any]:
     """The ``extra_args`` (``vllm_xargs``) entries that carry one constraint to the processor.
 
     ``schema``: a JSON Schema dict or text, or a pydantic model (sent as its JSON Schema text,
     since ``vllm_xargs`` holds strings, numbers and lists only); ``grammar``: Lark text.
-    ``whitespace`` / ``backend`` as ``cdsl_struct.compile``'s.
+    ``whitespace`` / ``backend`` as ``cdsl_struct.compile``'s. ``loop_guard``: False lets an output
+    that repeats one block of tokens run on (on by default, as ``Generator(loop_guard=...)``).
     """
     one_constraint({"schema": schema, "regex": regex, "grammar": grammar, "choices": choices})
     args: dict[str, Any] = {}
@@ -97,6 +104,8 @@ def constraint_args(*, schema: Any = None, regex: str | None = None, grammar: st
         args["cdsl_whitespace"] = whitespace
     if backend is not None:
         args["cdsl_backend"] = backend
+    if loop_guard is not None:
+        args[GUARD_KEY] = int(bool(loop_guard))
     return args
 
 
@@ -105,9 +114,12 @@ def spec_from_args(extra_args: Mapping[str, Any] | None) -> tuple[Any, dict[str,
     Raises ``ValueError`` (typed ``CompileError`` subclasses included) for a bad one."""
     if not extra_args:
         return None
-    unknown = sorted(k for k in extra_args if k.startswith(PREFIX) and k not in ARG_KEYS + OPTION_KEYS)
+    known = ARG_KEYS + OPTION_KEYS + (GUARD_KEY,)
+    unknown = sorted(k for k in extra_args if k.startswith(PREFIX) and k not in known)
     if unknown:
-        raise ValueError(f"unknown constraint argument {unknown[0]!r}; known: {', '.join(ARG_KEYS + OPTION_KEYS)}")
+        raise ValueError(f"unknown constraint argument {unknown[0]!r}; known: {', '.join(known)}")
+    if extra_args.get(GUARD_KEY, 1) not in (0, 1):
+        raise ValueError(f"{GUARD_KEY} must be 0 or 1, got {extra_args[GUARD_KEY]!r}")
     chosen = one_constraint({key: extra_args.get(key) for key in ARG_KEYS})
     if chosen is None:
         return None
@@ -150,11 +162,13 @@ def compile_request(extra_args: Mapping[str, Any] | None, tokenizer: str) -> Com
 
 
 class _Row:
-    """One constrained request of the batch: its state and the output tokens vLLM appends to."""
+    """One constrained request of the batch: its state, the output tokens vLLM appends to, and
+    whether the loop guard watches them."""
 
-    def __init__(self, state: ConstraintState | None, output: list[int]) -> None:
+    def __init__(self, state: ConstraintState | None, output: list[int], guard: bool = True) -> None:
         self.state = state  # None: its constraint failed in the engine; the row may only end (EOS)
         self.output = output
+        self.guard = guard
         self.seen = 0
 
     def catch_up(self) -> None:
@@ -228,10 +242,14 @@ class CdslLogitsProcessor(LogitsProcessor):
         except Exception:  # noqa: BLE001 - a request's bad constraint must not stop the engine
             _log.exception("cdsl_struct: a request's constraint failed to compile in the engine; it ends now")
             return _Row(None, output)
-        return None if compiled is None else _Row(compiled.new_state(), output)
+        if compiled is None:
+            return None
+        return _Row(compiled.new_state(), output, bool((extra_args or {}).get(GUARD_KEY, 1)))
 
     def apply(self, logits: Any) -> Any:
-        """Mask the constrained rows' logits (one bitmask fill per row, one masked write)."""
+        """Mask the constrained rows' logits (one bitmask fill per row, one masked write), after
+        the loop guard's penalty on a row's cycle continuation (``decoding.loops``: before the
+        mask, so a token the constraint forces still wins)."""
         if not self.rows:
             return logits
         indices = sorted(i for i in self.rows if i < logits.shape[0])
@@ -250,6 +268,9 @@ class CdslLogitsProcessor(LogitsProcessor):
                 set_bit(mask, self.vocabulary.eos_token_ids[0])
             else:
                 row.state.fill_mask(mask)
+                repeat = loop_continuation(row.output) if row.guard else None
+                if repeat is not None:
+                    logits[index, repeat] -= PENALTY
         rows = logits[indices]
         apply_bitmask(rows, self.bitmask[:len(indices)])
         logits[indices] = rows

@@ -47,3 +47,32 @@ def test_a_request_compiles_for_the_served_tokenizer():
     state = compiled.new_state()
     assert state.vocabulary.eos_token_ids and not state.is_complete()
     assert compile_request({"temperature_hint": 1}, "smollm2") is None
+
+
+def test_the_loop_guard_option_round_trips_and_is_checked():
+    assert constraint_args(regex="a+", loop_guard=False) == {"cdsl_regex": "a+", "cdsl_loop_guard": 0}
+    spec, options = spec_from_args({"cdsl_regex": "a+", "cdsl_loop_guard": 1})
+    assert isinstance(spec, Regex) and options == {}  # a decoding option, not a compile option
+    with pytest.raises(ValueError, match="cdsl_loop_guard must be 0 or 1"):
+        spec_from_args({"cdsl_regex": "a+", "cdsl_loop_guard": "yes"})
+
+
+@pytest.mark.parametrize("guard", [True, False])
+def test_the_processor_steers_a_row_out_of_a_cycle_unless_asked_not_to(guard):
+    """The processor's ``apply`` on its own (no vLLM engine): a row whose output repeats one block
+    has the block's next token penalised before the mask, as in this library's engine."""
+    import torch
+
+    from cdsl_struct.constraints.mask import allocate_bitmask
+    from cdsl_struct.integrations.vllm import CdslLogitsProcessor, vocabulary_for
+
+    processor = CdslLogitsProcessor.__new__(CdslLogitsProcessor)  # what __init__ sets, without vLLM's config
+    processor.tokenizer, processor.vocabulary = "smollm2", vocabulary_for("smollm2")
+    processor.rows, processor.bitmask = {}, allocate_bitmask(processor.vocabulary.size, 2)
+    a, b = (list(processor.vocabulary.token_bytes).index(piece) for piece in (b"ab", b"cd"))
+    output = [a, b] * 5  # "abcd" five times: a cycle whose next token is `a`
+    processor.rows[0] = processor._new_row(constraint_args(regex="[a-d]*", loop_guard=guard), output)
+    logits = torch.zeros(1, processor.vocabulary.size)
+    logits[0, a], logits[0, b] = 5.0, 4.0
+    chosen = int(processor.apply(logits)[0].argmax())
+    assert (chosen == b) if guard else (chosen == a)
