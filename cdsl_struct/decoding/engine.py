@@ -40,6 +40,7 @@ from ..constraints import CompiledConstraint
 from ..constraints.mask import apply_bitmask, words_for
 from ..errors import CdslError
 from ..models.batch import COMPACT_SLACK, BatchRunner, Feed
+from ..models.ragged import RaggedRunner
 from ..models.runner import ModelRunner
 from ..result import DecodeStats, Result
 from .logprobs import MAX_TOP_LOGPROBS, token_logprobs
@@ -260,7 +261,8 @@ class EngineLoad:
     """Prompt positions those forwards computed (not copied from the prefix cache)."""
     attended_valid_share: float = 1.0
     """Of the KV slots the step passes' attention read, the share holding a row's own token (the
-    rest is left padding and rejected speculation's holes)."""
+    rest: a padded runner's left padding and holes, a ragged runner's shorter rows and spare
+    positions)."""
 
 
 class BatchEngine:
@@ -277,8 +279,8 @@ class BatchEngine:
     many threads share steps (what ``Generator`` and the server use).
     """
 
-    def __init__(self, runner: BatchRunner, *, max_batch_size: int = 32, kv_budget_bytes: float | None = None,
-                 mask_workers: int = 2, adaptive_width: bool = True,
+    def __init__(self, runner: BatchRunner | RaggedRunner, *, max_batch_size: int = 32,
+                 kv_budget_bytes: float | None = None, mask_workers: int = 2, adaptive_width: bool = True,
                  prefill_budget: int | None = DEFAULT_PREFILL_BUDGET) -> None:
         self.runner = runner
         self.width = StepWidth(padded=not getattr(runner, "ragged", False)) if adaptive_width else None

@@ -23,9 +23,9 @@ class StepWidth:
 
     def __init__(self, cost_ratio: float = 1 / 32, window: int = 64, padded: bool = True) -> None:
         self.cost_ratio = cost_ratio
+        """``b / a``: the cost of one more fed position relative to a pass; refitted as steps run."""
         self.padded = padded
         """Whether every row of a step is padded to its widest feed (``BatchRunner``) or not."""
-        """``b / a``: the cost of one more fed position relative to a pass; refitted as steps run."""
         self.samples: deque[tuple[int, float]] = deque(maxlen=window)
         self.drafted = 0
         self.accepted_drafted = 0
