@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ..models.batch import BatchRunner, Feed
+from ..models.ragged import RaggedRunner, batch_runner
 from ..models.runner import ModelRunner
 from .strategy import MAIN, Passes
 
@@ -38,10 +39,10 @@ class Programs:
 
     ``fail(row, error)`` ends a row whose program raised (that row only)."""
 
-    def __init__(self, target: BatchRunner, fail: Callable[[Any, BaseException], None]) -> None:
+    def __init__(self, target: BatchRunner | RaggedRunner, fail: Callable[[Any, BaseException], None]) -> None:
         self.target = target
         self.fail = fail
-        self.drafts: dict[int, BatchRunner] = {}
+        self.drafts: dict[int, BatchRunner | RaggedRunner] = {}
         self.solo_drafts: dict[Hashable, ModelRunner] = {}
         """Per row, on a draft whose rows cannot share a batch (``_batch_invariant``)."""
         self._invariant: dict[int, bool] = {}
@@ -127,8 +128,8 @@ class Programs:
     def _draft_pass(self, rows: list[Any], model: Any) -> list[tuple[Any, list[int]]]:
         """One batched forward of ``model`` for the draft feeds of ``rows``."""
         if id(model) not in self.drafts:
-            self.drafts[id(model)] = BatchRunner(model, "draft", self.target.pad_token_id,
-                                                 prefix_cache_bytes=DRAFT_PREFIX_CACHE_BYTES)
+            self.drafts[id(model)] = batch_runner(model, self.target.pad_token_id, name="draft",
+                                                  prefix_cache_bytes=DRAFT_PREFIX_CACHE_BYTES)
         runner = self.drafts[id(model)]
         feeds = [_engine_feeds(row, row.pending) for row in rows]
         started = time.perf_counter()

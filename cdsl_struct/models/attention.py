@@ -21,6 +21,7 @@ loaded model over; masks are built as for SDPA.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -37,12 +38,21 @@ MIN_WORK = 3000
 MAX_QUERIES = 16
 
 
+#: set by ``models.ragged`` on its thread for the length of a ragged step: ``attend`` (its attention
+#: function) and ``plan``; any layer calling ``decode_attention`` then attends the ragged way (a
+#: self-draft's layers are the target's, and keep the target's attention implementation)
+ragged_step = threading.local()
+
+
 def decode_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                      **kwargs: Any) -> tuple[torch.Tensor, None]:
     """transformers' attention signature: ``query`` (batch, heads, q, dim), ``key``/``value``
     (batch, kv_heads, length, dim), a boolean ``attention_mask`` (batch, 1, q, length), True where a
     query attends, or None; returns (batch, q, heads, dim)."""
+    attend = getattr(ragged_step, "attend", None)
+    if attend is not None:
+        return attend(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     batch, heads, q_length, dim = query.shape
     kv_heads, length = key.shape[1], key.shape[2]
     keys = values = None

@@ -27,7 +27,6 @@ are treated as full layers, as in ``BatchRunner``.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ from typing import Any
 import torch
 
 from ..errors import CdslError
-from .attention import DECODE_ATTENTION, decode_attention
+from .attention import DECODE_ATTENTION, decode_attention, ragged_step
 from .batch import BatchRunner, Feed, check_feeds, kv_bytes_per_token, reusable_prefix
 from .device import model_device
 from .prefix_cache import PrefixCache
@@ -59,7 +58,7 @@ RAGGED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 #: ragged step, ``decode_attention`` (transformers' SDPA for most calls) outside one
 RAGGED_ATTENTION = "cdsl_ragged"
 
-_step = threading.local()
+_step = ragged_step  # ``plan`` and ``attend`` while a ragged step runs on this thread
 
 
 @dataclass
@@ -210,13 +209,20 @@ def ragged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
 
 
 def supports_ragged(model: Any) -> bool:
-    """Whether ``model`` can run ragged steps: a decoder of a known family, attention through the interface."""
+    """Whether ``model`` can run ragged steps: a decoder of a checked family, no soft-capping, and
+    every layer's attention through SDPA or this package's functions (layers shared with another
+    model, as a self-draft's are, keep that model's config: it must be one of ours too)."""
     config = getattr(model.config, "get_text_config", lambda: model.config)()
     if getattr(config, "model_type", None) not in RAGGED_MODEL_TYPES:
         return False
     if getattr(config, "attn_logit_softcapping", None) or getattr(config, "final_logit_softcapping", None):
         return False
-    return getattr(model.config, "_attn_implementation", None) in ("sdpa", DECODE_ATTENTION, RAGGED_ATTENTION)
+    ours = (DECODE_ATTENTION, RAGGED_ATTENTION)
+    if getattr(model.config, "_attn_implementation", None) not in ("sdpa", *ours):
+        return False
+    return all(getattr(module.config, "_attn_implementation", None) in ours
+               for module in model.modules() if module is not model and hasattr(module, "config")
+               and module.config is not model.config and module.config is not config)
 
 
 def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -224,7 +230,7 @@ def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.
               **kwargs: Any) -> tuple[torch.Tensor, None]:
     """The ``RAGGED_ATTENTION`` implementation (transformers' signature): ``ragged_attention`` in a
     ragged step, ``decode_attention`` otherwise."""
-    if getattr(_step, "plan", None) is None:
+    if getattr(_step, "plan", None) is None:  # a forward outside a ragged step
         return decode_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                 **kwargs)
     if dropout or kwargs.get("softcap") or getattr(module, "sinks", None) is not None:
@@ -380,12 +386,12 @@ class RaggedRunner:
         ``[sum of keeps, vocab]``) and where each row's start in them."""
         start = time.perf_counter()
         plan, ids, positions, kept, offsets = self._plan(tails, keeps)
-        _step.plan = plan
+        _step.plan, _step.attend = plan, attention
         try:
             out = self.model(input_ids=ids.to(self.device), position_ids=positions, cache=self.cache,
                              attention_mask=_NO_MASK.get(self.device), use_cache=True, logits_to_keep=kept)
         finally:
-            _step.plan = None
+            _step.plan = _step.attend = None
         for row, tail in tails.items():
             self.tokens[row].extend(tail)
         fed = sum(len(t) for t in tails.values())

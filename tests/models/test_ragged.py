@@ -153,3 +153,21 @@ def test_the_cache_shrinks_after_a_long_row_leaves_and_the_rest_stay_right(model
     assert runner.cache.length < grown // 2 and close(out[0], solo(model, short + [4]))
     runner.release("short")
     assert runner.rows == 0 and all(k is None for k in runner.cache.keys)  # an idle runner holds nothing
+
+
+def test_a_self_draft_sharing_the_targets_layers_runs_ragged_only_when_they_attend_through_us():
+    from cdsl_struct.models.attention import use_decode_attention
+    from cdsl_struct.models.runner import self_draft
+    from tests.models.solo import tiny_llama
+
+    target = tiny_llama()  # plain SDPA: a draft's layers would not call our attention
+    assert not supports_ragged(self_draft(target, "layers:1"))
+    use_decode_attention(target)  # what load_model does on the CPU
+    draft = self_draft(target, "layers:1")
+    assert supports_ragged(draft)
+    runner = RaggedRunner(draft, prefix_cache_bytes=0)
+    seqs = {"a": [1, 2, 3, 4], "b": [5, 6], "c": [7, 8, 9]}
+    out = runner.run([Feed(r, s, 1) for r, s in seqs.items()])
+    out = runner.run([Feed(r, s + [10], 1) for r, s in seqs.items()])  # grouped attention, three rows
+    for (row, seq), logits in zip(seqs.items(), out, strict=True):
+        assert close(logits, solo(draft, seq + [10])), row
