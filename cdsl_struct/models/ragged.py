@@ -258,7 +258,7 @@ class RaggedRunner:
     every row's rest, new rows' prompts included, in ONE forward pass. Counters: ``passes``,
     ``positions`` (tokens fed; ``padded_positions`` equals it), ``prefilled_positions`` (prompt
     positions computed, not copied from the prefix cache), ``seconds``, ``attended_slots``
-    and ``attended_valid`` (KV slots the grouped attention read, and those holding a row's token).
+    and ``attended_valid`` (KV slots attention read, and those holding a row's token).
     """
 
     #: no padding in the fed tokens, and a joining row's prompt rides in the step's own pass
