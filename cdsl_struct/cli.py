@@ -137,6 +137,7 @@ def _add_bench_parsers(commands: Any) -> None:
     in_vllm.add_argument("--rounds", type=int, default=2, help="rounds of both backends, order flipped (default 2)")
     in_vllm.add_argument("--max-tokens", type=int, default=60)
     in_vllm.add_argument("--model", default="smollm2", help="smollm2, gemma3-270m or a .gguf (default smollm2)")
+    in_vllm.add_argument("--dtype", default="float32", help="vLLM's dtype (default float32; auto: vLLM's default)")
     in_vllm.add_argument("--json", dest="json_out", help="write the report here")
 
     tools = bench.add_parser("tools", help="tool calls with client-style schemas: objects closed (default) "
@@ -203,7 +204,7 @@ def _vllm_bench(args: argparse.Namespace) -> int:
     from .bench.vllm_processor import VllmBenchConfig, format_vllm_table, run_vllm_bench
 
     report = run_vllm_bench(VllmBenchConfig(requests=args.requests, rounds=args.rounds, max_tokens=args.max_tokens,
-                                            model=args.model))
+                                            model=args.model, dtype=args.dtype))
     return _report(report, format_vllm_table(report), args.json_out)
 
 
