@@ -15,10 +15,8 @@ and a joining row's prompt rides in the same pass as the decoding rows. Each row
 rejected speculation is cropped by shortening the row (no holes), a row leaving moves the last
 slot into its place (one row's copy), a fork copies one row. Attention (``ragged_attention``,
 through transformers' attention interface) gathers the queries of the rows that feed a few tokens
-into ``[rows, width]`` blocks, one per width class (``WIDTH_CLASSES``: a joining row's short
-prompt tail does not pad every decoding row to its width), attends over their slots (whole rows
-of the buffer, each masked to its row's length), and runs each row that feeds a long prompt on
-its own.
+into ``[rows, width]``, attends over their slots (whole rows of the buffer, each masked to its
+row's length), and runs each row that feeds a long prompt on its own.
 
 The model must call its attention through transformers' ``AttentionInterface`` and its cache
 through ``cache.update``; the families checked (Llama, Mistral, Qwen 2 and 3, Gemma 3) are listed
@@ -45,9 +43,6 @@ from .prefix_cache import PrefixCache
 #: queries a row may feed and still share the step's grouped attention; longer feeds (prompts)
 #: attend on their own
 GROUPED_QUERIES = 16
-#: the grouped rows attend in one group per width class (feeds of 1, 2-4 and 5-16 queries), each
-#: padded to its own widest feed: one joining row's 7-token tail does not pad every decoding row to 7
-WIDTH_CLASSES = (1, 4, GROUPED_QUERIES)
 #: a step of at most this many rows attends row by row (SDPA on each row's slot): at one or two
 #: rows that is cheaper than the grouped matmuls' fixed cost
 SOLO_ROWS = 2
@@ -67,32 +62,6 @@ _step = ragged_step  # ``plan`` and ``attend`` while a ragged step runs on this 
 
 
 @dataclass
-class QueryGroup:
-    """Rows of a ragged step that attend together: each feeds at most ``width`` queries, padded to
-    ``width``, and attends over its whole slot (masked to its row's length)."""
-
-    slots: torch.Tensor | None
-    """``[A]`` the rows' slots (None: slots ``0..A-1``)."""
-    rows: int
-    queries: torch.Tensor
-    """``[A * W]`` the flat token each padded query reads (padding reads token 0)."""
-    width: int
-    valid: int
-    """Positions the rows hold after this step (of the ``rows x capacity`` attention reads)."""
-    mask: torch.Tensor
-    """``[A, 1, W, capacity]`` True where a query attends (the cache's capacity: attention reads
-    whole rows of the buffer)."""
-    real: torch.Tensor
-    """Indices into the ``A * W`` padded queries of the real ones, in flat-token order."""
-    tokens: torch.Tensor | None
-    """The flat tokens of the rows, in order (None: every token of the step)."""
-    bias: dict[tuple[int, int, torch.dtype], torch.Tensor] = field(default_factory=dict)
-    """``mask`` as the additive bias of the scores matmul (0 or the dtype's lowest), made by the
-    first layer that attends and shared by the rest: ``(kv_heads, group, dtype)`` -> ``[A *
-    kv_heads, group * W, capacity]``."""
-
-
-@dataclass
 class StepPlan:
     """Where a ragged step's tokens go: their slots and positions, and how attention groups them."""
 
@@ -100,11 +69,30 @@ class StepPlan:
     """``[N]`` the slot of each fed token."""
     positions: torch.Tensor
     """``[N]`` its position in its row."""
-    groups: list[QueryGroup]
-    """The rows that feed at most ``GROUPED_QUERIES`` tokens, one group per width class."""
+    grouped_slots: torch.Tensor | None
+    """``[A]`` slots of the rows that feed at most ``GROUPED_QUERIES`` tokens (None: slots ``0..A-1``)."""
+    grouped_rows: int
+    grouped_queries: torch.Tensor
+    """``[A * W]`` the flat token each padded query reads (padding reads token 0)."""
+    grouped_width: int
+    grouped_length: int
+    """The longest grouped row after this step."""
+    grouped_valid: int
+    """Positions the grouped rows hold after this step (of the ``rows x capacity`` attention reads)."""
+    grouped_mask: torch.Tensor | None
+    """``[A, 1, W, capacity]`` True where a query attends (the cache's capacity: attention reads
+    whole rows of the buffer)."""
+    grouped_real: torch.Tensor
+    """Indices into the ``A * W`` padded queries of the real ones, in flat-token order."""
+    grouped_tokens: torch.Tensor | None
+    """The flat tokens of the grouped rows, in order (None: all of them)."""
     long_rows: list[tuple[int, int, int, int, torch.Tensor]]
     """``(slot, first flat token, tokens, row length after the step, causal mask)`` of each row that
     attends on its own (a prompt, or every row of a step of at most ``SOLO_ROWS`` rows)."""
+    grouped_bias: dict[tuple[int, int, torch.dtype], torch.Tensor] = field(default_factory=dict)
+    """``grouped_mask`` as the additive bias of the scores matmul (0 or the dtype's lowest), made
+    by the first layer that attends and shared by the rest: ``(kv_heads, group, dtype)`` -> ``[A * kv_heads,
+    group * W, capacity]``."""
 
 
 class SlotCache:
@@ -187,12 +175,30 @@ def ragged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     group = heads // kv_heads
     scale = dim ** -0.5 if scaling is None else scaling
     out = query.new_empty((tokens, heads, dim))
-    for rows in plan.groups:
-        attended = _grouped_attention(rows, query, key, value, scale)
-        if rows.tokens is None:
-            out = attended
+    if plan.grouped_rows:
+        rows, width = plan.grouped_rows, plan.grouped_width
+        queries = query[0].index_select(1, plan.grouped_queries) * scale  # [heads, rows * width, dim]
+        # head h = kv * group + g, as repeat_kv: a key/value head's queries are the rows of one matmul
+        grouped = queries.view(kv_heads, group, rows, width, dim).permute(2, 0, 1, 3, 4)
+        grouped = grouped.reshape(rows * kv_heads, group * width, dim)
+        # whole rows of the buffer, spare positions masked: a slice along the positions would be copied
+        if plan.grouped_slots is None:
+            keys, values = key[:rows], value[:rows]
         else:
-            out[rows.tokens] = attended
+            keys, values = key.index_select(0, plan.grouped_slots), value.index_select(0, plan.grouped_slots)
+        length = keys.shape[2]
+        # the mask as an additive bias folded into the matmul: one op a layer instead of three
+        scores = torch.baddbmm(_grouped_bias(plan, kv_heads, group, grouped.dtype), grouped,
+                               keys.view(rows * kv_heads, length, dim).transpose(1, 2))
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
+        attended = torch.bmm(probs.view(rows * kv_heads, group * width, length),
+                             values.view(rows * kv_heads, length, dim))
+        attended = attended.view(rows, heads, width, dim).transpose(1, 2).reshape(rows * width, heads, dim)
+        real = attended.index_select(0, plan.grouped_real)
+        if plan.grouped_tokens is None:
+            out = real
+        else:
+            out[plan.grouped_tokens] = real
     for slot, first, count, length, causal in plan.long_rows:
         row_query, row_keys = query[:, :, first:first + count], key[slot:slot + 1, :, :length]
         row_values = value[slot:slot + 1, :, :length]
@@ -206,42 +212,16 @@ def ragged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     return out.unsqueeze(0)
 
 
-def _grouped_attention(rows: QueryGroup, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                       scale: float) -> torch.Tensor:
-    """One ``QueryGroup``'s attention: its real queries' outputs ``[tokens, heads, dim]``."""
-    heads, dim = query.shape[1], query.shape[3]
-    kv_heads = key.shape[1]
-    group = heads // kv_heads
-    count, width = rows.rows, rows.width
-    queries = query[0].index_select(1, rows.queries) * scale  # [heads, rows * width, dim]
-    # head h = kv * group + g, as repeat_kv: a key/value head's queries are the rows of one matmul
-    grouped = queries.view(kv_heads, group, count, width, dim).permute(2, 0, 1, 3, 4)
-    grouped = grouped.reshape(count * kv_heads, group * width, dim)
-    # whole rows of the buffer, spare positions masked: a slice along the positions would be copied
-    if rows.slots is None:
-        keys, values = key[:count], value[:count]
-    else:
-        keys, values = key.index_select(0, rows.slots), value.index_select(0, rows.slots)
-    length = keys.shape[2]
-    # the mask as an additive bias folded into the matmul: one op a layer instead of three
-    scores = torch.baddbmm(_grouped_bias(rows, kv_heads, group, grouped.dtype), grouped,
-                           keys.view(count * kv_heads, length, dim).transpose(1, 2))
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
-    attended = torch.bmm(probs, values.view(count * kv_heads, length, dim))
-    attended = attended.view(count, heads, width, dim).transpose(1, 2).reshape(count * width, heads, dim)
-    return attended.index_select(0, rows.real)
-
-
-def _grouped_bias(rows: QueryGroup, kv_heads: int, group: int, dtype: torch.dtype) -> torch.Tensor:
-    """The group's mask as a ``[A * kv_heads, group * W, capacity]`` additive bias (cached on the group)."""
-    bias = rows.bias.get((kv_heads, group, dtype))
+def _grouped_bias(plan: StepPlan, kv_heads: int, group: int, dtype: torch.dtype) -> torch.Tensor:
+    """The step's grouped mask as a ``[A * kv_heads, group * W, capacity]`` additive bias (cached on the plan)."""
+    bias = plan.grouped_bias.get((kv_heads, group, dtype))
     if bias is None:
-        mask = rows.mask  # [A, 1, W, capacity]
-        count, width, length = mask.shape[0], mask.shape[2], mask.shape[3]
+        mask = plan.grouped_mask  # [A, 1, W, capacity]
+        rows, width, length = mask.shape[0], mask.shape[2], mask.shape[3]
         bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
-        bias = bias.unsqueeze(2).expand(count, kv_heads, group, width, length).reshape(count * kv_heads,
-                                                                                        group * width, length)
-        rows.bias[(kv_heads, group, dtype)] = bias
+        bias = bias.unsqueeze(2).expand(rows, kv_heads, group, width, length).reshape(rows * kv_heads,
+                                                                                       group * width, length)
+        plan.grouped_bias[(kv_heads, group, dtype)] = bias
     return bias
 
 
@@ -436,8 +416,8 @@ class RaggedRunner:
         self.positions += fed
         self.padded_positions += fed
         solo = sum(length for _, _, _, length, _ in plan.long_rows)
-        self.attended_slots += sum(rows.rows for rows in plan.groups) * self.cache.length + solo
-        self.attended_valid += sum(rows.valid for rows in plan.groups) + solo
+        self.attended_slots += plan.grouped_rows * self.cache.length + solo
+        self.attended_valid += plan.grouped_valid + solo
         self.seconds += time.perf_counter() - start
         return out.logits[0].float(), offsets
 
@@ -471,36 +451,33 @@ class RaggedRunner:
                 long_rows.append((slot, first, len(tail), length, causal))
         self._reserve(self.rows, longest)
         device = self.device
-        classes: dict[int, list[tuple[int, int, int, int]]] = {}
-        for member in grouped:
-            classes.setdefault(next(c for c in WIDTH_CLASSES if member[2] <= c), []).append(member)
-        alone = len(classes) == 1 and not long_rows  # one group holding every token, in order
-        plan = StepPlan(slots=torch.tensor(slots, device=device), positions=torch.tensor(positions, device=device),
-                        groups=[self._group(members, alone) for _, members in sorted(classes.items())],
-                        long_rows=long_rows)
-        return (plan, torch.tensor([ids]), torch.tensor([positions], device=device),
-                torch.tensor(kept, device=device), offsets)
-
-    def _group(self, members: list[tuple[int, int, int, int]], alone: bool) -> QueryGroup:
-        """The ``QueryGroup`` of ``members`` (slot, first flat token, count, held before), in slot
-        order; ``alone``: they feed every token of the step."""
-        device = self.device
-        width = max(count for _, _, count, _ in members)
+        width = max((count for _, _, count, _ in grouped), default=0)
+        length = max((held + count for _, _, count, held in grouped), default=0)
         queries, real = [], []
-        for index, (_, first, count, _) in enumerate(members):
+        for index, (_, first, count, _) in enumerate(grouped):
             queries.extend(range(first, first + count))
             queries.extend([0] * (width - count))
             real.extend(range(index * width, index * width + count))
-        held = torch.tensor([h for *_, h in members])
-        limit = held[:, None] + torch.arange(width)[None, :]  # query w of a row sees positions <= held + w
-        mask = (torch.arange(self.cache.length)[None, None, :] <= limit[:, :, None]).unsqueeze(1).to(device)
-        in_order = all(slot == index for index, (slot, *_) in enumerate(members))
-        tokens = None if alone else torch.tensor(
-            [t for _, first, count, _ in members for t in range(first, first + count)], device=device)
-        return QueryGroup(slots=None if in_order else torch.tensor([s for s, *_ in members], device=device),
-                          rows=len(members), queries=torch.tensor(queries, dtype=torch.long, device=device),
-                          width=width, valid=sum(h + c for _, _, c, h in members), mask=mask,
-                          real=torch.tensor(real, dtype=torch.long, device=device), tokens=tokens)
+        mask = None
+        if grouped:
+            held = torch.tensor([h for *_, h in grouped])
+            limit = held[:, None] + torch.arange(width)[None, :]  # query w of a row sees positions <= held + w
+            mask = (torch.arange(self.cache.length)[None, None, :] <= limit[:, :, None]).unsqueeze(1).to(device)
+        in_order = all(slot == index for index, (slot, *_) in enumerate(grouped))
+        grouped_tokens = None
+        if long_rows and grouped:
+            grouped_tokens = torch.tensor([t for _, first, count, _ in grouped for t in range(first, first + count)],
+                                          device=device)
+        plan = StepPlan(
+            slots=torch.tensor(slots, device=device), positions=torch.tensor(positions, device=device),
+            grouped_slots=None if in_order else torch.tensor([s for s, *_ in grouped], device=device),
+            grouped_rows=len(grouped), grouped_queries=torch.tensor(queries, dtype=torch.long, device=device),
+            grouped_width=width, grouped_length=length, grouped_valid=sum(h + c for _, _, c, h in grouped),
+            grouped_mask=mask,
+            grouped_real=torch.tensor(real, dtype=torch.long, device=device), grouped_tokens=grouped_tokens,
+            long_rows=long_rows)
+        return (plan, torch.tensor([ids]), torch.tensor([positions], device=device),
+                torch.tensor(kept, device=device), offsets)
 
     # --- joining --------------------------------------------------------------------------------
 

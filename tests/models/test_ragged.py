@@ -7,7 +7,7 @@ import torch
 
 from cdsl_struct.errors import CdslError
 from cdsl_struct.models.batch import BatchRunner, Feed
-from cdsl_struct.models.ragged import GROUPED_QUERIES, WIDTH_CLASSES, RaggedRunner, batch_runner, supports_ragged
+from cdsl_struct.models.ragged import GROUPED_QUERIES, RaggedRunner, batch_runner, supports_ragged
 from tests.models.solo import close, solo
 
 
@@ -35,25 +35,6 @@ def test_speculation_crops_and_a_prompt_riding_in_a_decode_step(model):
     assert close(out[0], solo(model, a)) and close(out[1], solo(model, b, keep=2))
     assert close(out[2], solo(model, prompt))
     assert runner.held("a") == a and runner.held("c") == prompt
-
-
-def test_rows_of_each_width_class_attend_in_groups_of_their_own_and_match_solo_runs(model, monkeypatch):
-    runner = RaggedRunner(model)
-    seqs = {r: [3 + i, 5, 7, 9 + i][: 2 + i % 3] for i, r in enumerate("abcdef")}
-    runner.run([Feed(r, s, 1) for r, s in seqs.items()])
-    widths = {"a": 1, "b": 3, "c": 1, "d": 9, "e": 4}  # classes 1, 2-4, 2-4 and 5-16, not in slot order
-    tails = {r: [(7 * i + j) % 50 for j in range(w)] for i, (r, w) in enumerate(widths.items())}
-    tails["f"] = [11] * (GROUPED_QUERIES + 2)  # a long prompt tail: it attends on its own
-    plans = []
-    make_plan = runner._plan
-    monkeypatch.setattr(runner, "_plan", lambda t, k: plans.append(make_plan(t, k)) or plans[-1])
-    out = runner.run([Feed(r, seqs[r] + t, len(t)) for r, t in tails.items()])
-    plan = plans[0][0]
-    assert WIDTH_CLASSES == (1, 4, GROUPED_QUERIES)
-    assert [(group.width, group.rows) for group in plan.groups] == [(1, 2), (4, 2), (9, 1)]
-    assert len(plan.long_rows) == 1
-    for (row, tail), logits in zip(tails.items(), out, strict=True):
-        assert close(logits, solo(model, seqs[row] + tail, keep=len(tail))), row
 
 
 def test_leaving_forking_and_unfed_rows_keep_every_cache_right(model):
