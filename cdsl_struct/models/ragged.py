@@ -72,8 +72,9 @@ class StepPlan:
     grouped_slots: torch.Tensor | None
     """``[A]`` slots of the rows that feed at most ``GROUPED_QUERIES`` tokens (None: slots ``0..A-1``)."""
     grouped_rows: int
-    grouped_queries: torch.Tensor
-    """``[A * W]`` the flat token each padded query reads (padding reads token 0)."""
+    grouped_queries: torch.Tensor | None
+    """``[A * W]`` the flat token each padded query reads (padding reads token 0; None: tokens
+    ``0..A*W-1`` in order)."""
     grouped_width: int
     grouped_length: int
     """The longest grouped row after this step."""
@@ -82,8 +83,8 @@ class StepPlan:
     grouped_mask: torch.Tensor | None
     """``[A, 1, W, capacity]`` True where a query attends (the cache's capacity: attention reads
     whole rows of the buffer)."""
-    grouped_real: torch.Tensor
-    """Indices into the ``A * W`` padded queries of the real ones, in flat-token order."""
+    grouped_real: torch.Tensor | None
+    """Indices into the ``A * W`` padded queries of the real ones, in flat-token order (None: all of them)."""
     grouped_tokens: torch.Tensor | None
     """The flat tokens of the grouped rows, in order (None: all of them)."""
     long_rows: list[tuple[int, int, int, int, torch.Tensor]]
@@ -177,7 +178,10 @@ def ragged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     out = query.new_empty((tokens, heads, dim))
     if plan.grouped_rows:
         rows, width = plan.grouped_rows, plan.grouped_width
-        queries = query[0].index_select(1, plan.grouped_queries) * scale  # [heads, rows * width, dim]
+        if plan.grouped_queries is None:  # [heads, rows * width, dim]
+            queries = query[0, :, :rows * width]
+        else:
+            queries = query[0].index_select(1, plan.grouped_queries)
         # head h = kv * group + g, as repeat_kv: a key/value head's queries are the rows of one matmul
         grouped = queries.view(kv_heads, group, rows, width, dim).permute(2, 0, 1, 3, 4)
         grouped = grouped.reshape(rows * kv_heads, group * width, dim)
@@ -187,14 +191,14 @@ def ragged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
         else:
             keys, values = key.index_select(0, plan.grouped_slots), value.index_select(0, plan.grouped_slots)
         length = keys.shape[2]
-        # the mask as an additive bias folded into the matmul: one op a layer instead of three
+        # the mask as an additive bias and the scale folded into the matmul: one op instead of four
         scores = torch.baddbmm(_grouped_bias(plan, kv_heads, group, grouped.dtype), grouped,
-                               keys.view(rows * kv_heads, length, dim).transpose(1, 2))
+                               keys.view(rows * kv_heads, length, dim).transpose(1, 2), alpha=scale)
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
         attended = torch.bmm(probs.view(rows * kv_heads, group * width, length),
                              values.view(rows * kv_heads, length, dim))
         attended = attended.view(rows, heads, width, dim).transpose(1, 2).reshape(rows * width, heads, dim)
-        real = attended.index_select(0, plan.grouped_real)
+        real = attended if plan.grouped_real is None else attended.index_select(0, plan.grouped_real)
         if plan.grouped_tokens is None:
             out = real
         else:
@@ -471,10 +475,10 @@ class RaggedRunner:
         plan = StepPlan(
             slots=torch.tensor(slots, device=device), positions=torch.tensor(positions, device=device),
             grouped_slots=None if in_order else torch.tensor([s for s, *_ in grouped], device=device),
-            grouped_rows=len(grouped), grouped_queries=torch.tensor(queries, dtype=torch.long, device=device),
+            grouped_rows=len(grouped), grouped_queries=_unless_in_order(queries, device, len(queries)),
             grouped_width=width, grouped_length=length, grouped_valid=sum(h + c for _, _, c, h in grouped),
             grouped_mask=mask,
-            grouped_real=torch.tensor(real, dtype=torch.long, device=device), grouped_tokens=grouped_tokens,
+            grouped_real=_unless_in_order(real, device, len(queries)), grouped_tokens=grouped_tokens,
             long_rows=long_rows)
         return (plan, torch.tensor([ids]), torch.tensor([positions], device=device),
                 torch.tensor(kept, device=device), offsets)
@@ -519,6 +523,13 @@ class RaggedRunner:
             setattr(self, counter, getattr(self, counter) + getattr(child, counter))
         self.prefilled_positions += len(shared) - reused - child.prefilled_positions
         self.last_prefill_seconds = time.perf_counter() - started
+
+
+def _unless_in_order(indices: list[int], device: Any, total: int) -> torch.Tensor | None:
+    """``indices`` as a tensor, or None when they are all of ``0..total-1`` in order (an index_select saved)."""
+    if indices == list(range(total)):
+        return None
+    return torch.tensor(indices, dtype=torch.long, device=device)
 
 
 class _NoMask:
