@@ -40,6 +40,7 @@ from .decoding.lookahead import CDLH, CDSL
 from .decoding.penalties import Penalties
 from .decoding.stops import StopHoldback
 from .errors import CdslError, InvalidArgument, PromptTooLong
+from .models.compiled import compile_runner
 from .models.loading import LoadedModel, load_model
 from .models.ragged import batch_runner
 from .models.runner import ModelRunner, self_draft
@@ -116,14 +117,18 @@ class Generator:
     ``max_prompt_tokens``: longer prompts raise ``PromptTooLong`` (the model's context always bounds them).
     ``loop_guard`` (default on): a row whose output starts repeating one block of tokens is
     steered out of the cycle instead of running to ``max_tokens`` (``decoding.loops``; target
-    and speculative rows; it never loosens a constraint).
+    and speculative rows; it never loosens a constraint). ``torch_compile`` (default off): the
+    batched target forward runs through ``torch.compile`` (``models.compiled``), compiled here
+    before the Generator returns (minutes on a small CPU); where it cannot compile, a warning is
+    logged and decoding runs eagerly.
     """
 
     def __init__(self, model: str | LoadedModel = "smollm2", *, draft: str | None = "auto",
                  backend: str = "auto", whitespace: str = DEFAULT_WHITESPACE, compile_timeout: float = 30.0,
                  k: int = 6, device: Any = "auto", dtype: Any = "auto", max_batch_size: int = 32,
                  kv_budget_gb: float | None = None, extra_properties: bool = False,
-                 max_prompt_tokens: int | None = None, loop_guard: bool = True) -> None:
+                 max_prompt_tokens: int | None = None, loop_guard: bool = True,
+                 torch_compile: bool = False) -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         self.loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device, dtype=dtype)
@@ -145,6 +150,8 @@ class Generator:
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.loaded.eos_token_ids[0]
         self.engine = BatchEngine(batch_runner(self.loaded.model, pad_token_id=pad), max_batch_size=max_batch_size,
                                   kv_budget_bytes=None if kv_budget_gb is None else kv_budget_gb * 2**30)
+        if torch_compile:
+            compile_runner(self.engine.runner)
         self.engine.start()
 
     def __repr__(self) -> str:

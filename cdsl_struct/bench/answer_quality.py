@@ -69,6 +69,7 @@ class QualityConfig:
     draft: str | None = "auto"
     model: str = "smollm2"
     dtype: str = "auto"
+    torch_compile: bool = False
     bootstrap: int = 1000
     seed: int = 0
 
@@ -288,7 +289,8 @@ def _switching_generator(loaded: Any, config: QualityConfig) -> Any:
     """A Generator whose whitespace policy the bench switches between settings (``.whitespace``)."""
     from ..api import Generator
 
-    return Generator(loaded, draft=config.draft, max_batch_size=config.concurrency)
+    return Generator(loaded, draft=config.draft, max_batch_size=config.concurrency,
+                     torch_compile=config.torch_compile)
 
 
 def _answer_row(answer: Answer) -> dict[str, Any]:
@@ -469,6 +471,8 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--model", default=defaults.model)
     parser.add_argument("--dtype", default=defaults.dtype, choices=["auto", "float32", "bfloat16", "float16"],
                         help="weights' precision (default auto, as load_model)")
+    parser.add_argument("--torch-compile", action="store_true",
+                        help="the Generator's batched forward through torch.compile (answers of the compiled path)")
     parser.add_argument("--threads", type=int, help="torch threads (1 suits a shared machine)")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--json", dest="json_out", help="write the summaries and every answer here")
@@ -490,7 +494,7 @@ def run_from_args(args: Any) -> tuple[dict[str, Any], str]:
         config = QualityConfig(split=split, cases=args.cases, source=args.source, settings=settings,
                                kinds=tuple(k for k in args.kinds.split(",") if k), max_tokens=args.max_tokens,
                                concurrency=args.concurrency, draft=None if args.draft == "none" else args.draft,
-                               model=args.model, dtype=args.dtype)
+                               model=args.model, dtype=args.dtype, torch_compile=args.torch_compile)
         report[split] = run_quality(args.data, config, progress=not args.no_progress)
         tables.append(format_summary(report[split]))
     if "tune" in report:

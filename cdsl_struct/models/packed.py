@@ -12,7 +12,8 @@ at 16 rows, 10.5 ms -> 5.1 ms at one; 1.7x on the decoder layers' shapes at 16 r
 only ``forward`` changes. The packed copy is made on the first CPU forward and remade when the
 weight changes (its storage, version or dtype: ``model.to(torch.bfloat16)`` repacks), so it
 costs one more copy of the weights in memory. Anything the packed kernel does not serve (a GPU,
-float16, autograd) runs the stock ``nn.Linear`` path. Results stay float32 (or bfloat16)
+float16, autograd, a forward being traced by ``torch.compile``, whose inductor prepacks frozen weights
+itself) runs the stock ``nn.Linear`` path. Results stay float32 (or bfloat16)
 matmuls, summed in a different order than MKL's GEMM: equal to ~1e-4 absolute, not bitwise.
 
 Sibling projections of one input (``q_proj``/``k_proj``/``v_proj`` of an attention block,
@@ -58,8 +59,8 @@ class PackedLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight
-        if (x.device.type != "cpu" or x.dtype not in _PACKED_DTYPES or x.dtype != weight.dtype
-                or torch.is_grad_enabled() or weight.device.type != "cpu"):
+        if (torch.compiler.is_compiling() or x.device.type != "cpu" or x.dtype not in _PACKED_DTYPES
+                or x.dtype != weight.dtype or torch.is_grad_enabled() or weight.device.type != "cpu"):
             return super().forward(x)
         fused = _fused.get(self)
         if fused is not None:

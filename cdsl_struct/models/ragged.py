@@ -37,6 +37,7 @@ import torch
 from ..errors import CdslError
 from .attention import DECODE_ATTENTION, decode_attention, ragged_step
 from .batch import BatchRunner, Feed, check_feeds, kv_bytes_per_token, reusable_prefix
+from .compiled import CompiledForward, ragged_attend, warm
 from .device import model_device
 from .prefix_cache import PrefixCache
 
@@ -58,7 +59,7 @@ RAGGED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 #: ragged step, ``decode_attention`` (transformers' SDPA for most calls) outside one
 RAGGED_ATTENTION = "cdsl_ragged"
 
-_step = ragged_step  # ``plan`` and ``attend`` while a ragged step runs on this thread
+_step = ragged_step  # ``plan``, ``attend`` and ``cache`` while a ragged step runs on this thread
 
 
 @dataclass
@@ -251,11 +252,16 @@ def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.
               **kwargs: Any) -> tuple[torch.Tensor, None]:
     """The ``RAGGED_ATTENTION`` implementation (transformers' signature): ``ragged_attention`` in a
     ragged step, ``decode_attention`` otherwise."""
-    if getattr(_step, "plan", None) is None:  # a forward outside a ragged step
+    # a compiled step's forward (``models.compiled``): traced, or any part of it dynamo runs eagerly
+    compiling = torch.compiler.is_compiling() or getattr(_step, "cache", None) is not None
+    if not compiling and getattr(_step, "plan", None) is None:  # a forward outside a ragged step
         return decode_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                 **kwargs)
     if dropout or kwargs.get("softcap") or getattr(module, "sinks", None) is not None:
         raise CdslError("ragged attention does not do dropout, soft-capping or attention sinks")
+    if compiling:  # the cache write and the attention, opaque to the compiler
+        scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+        return ragged_attend(query, key, value, module.layer_idx, scale), None
     return ragged_attention(module, query, key, value, scaling), None
 
 
@@ -309,6 +315,15 @@ class RaggedRunner:
         self.last_positions = 0
         self.last_fed: dict[Hashable, int] = {}
         self.last_prefilled: dict[Hashable, int] = {}
+        self.compiled: CompiledForward | None = None
+        self.vocab_size: int = getattr(model.config, "get_text_config", lambda: model.config)().vocab_size
+
+    def compile(self, warm_up: bool = True) -> float:
+        """Run this runner's steps through ``torch.compile`` from now on (``models.compiled``), and
+        with ``warm_up`` compile them now, on throw-away rows; seconds the warm-up took."""
+        if self.compiled is None:
+            self.compiled = CompiledForward(self.model)
+        return warm(self) if warm_up else 0.0
 
     # --- state --------------------------------------------------------------------------------
 
@@ -408,11 +423,20 @@ class RaggedRunner:
         start = time.perf_counter()
         plan, ids, positions, kept, offsets = self._plan(tails, keeps)
         _step.plan, _step.attend = plan, attention
+        inputs = {"input_ids": ids.to(self.device), "position_ids": positions,
+                  "attention_mask": _NO_MASK.get(self.device), "logits_to_keep": kept}
         try:
-            out = self.model(input_ids=ids.to(self.device), position_ids=positions, cache=self.cache,
-                             attention_mask=_NO_MASK.get(self.device), use_cache=True, logits_to_keep=kept)
+            out = None
+            # the model gets no cache: its layers write ours in ``ragged_attend``; an id past the
+            # vocabulary would abort the process in a compiled embedding, eager raises IndexError
+            if self.compiled is not None and (not ids.numel() or int(ids.max()) < self.vocab_size):
+                _step.cache = self.cache
+                out = self.compiled(cache=None, use_cache=False, **inputs)  # None: it failed, run eagerly
+                _step.cache = None
+            if out is None:
+                out = self.model(cache=self.cache, use_cache=True, **inputs)
         finally:
-            _step.plan = _step.attend = None
+            _step.plan = _step.attend = _step.cache = None
         for row, tail in tails.items():
             self.tokens[row].extend(tail)
         fed = sum(len(t) for t in tails.values())
@@ -511,6 +535,7 @@ class RaggedRunner:
             return
         started = time.perf_counter()
         child = RaggedRunner(self.model, self.name, self.pad_token_id, prefix_cache_bytes=0)
+        child.compiled = self.compiled
         child.tokens[0], child.order = [], [0]
         reused, kv = self.prefixes.lookup(shared)
         if kv is not None:

@@ -329,8 +329,9 @@ def serve(host: str = "127.0.0.1", port: int = 8000, model: str = "smollm2", dra
           compile_timeout: float = 30.0,
           log_level: str = "info",
           device: Any = "auto", dtype: Any = "auto", max_batch_size: int = 32, extra_properties: bool = False,
-          max_prompt_tokens: int | None = None, **options: Any) -> None:
-    """Load ``model`` (with ``draft``) once on ``device`` and serve it on ``host:port`` until interrupted.
+          max_prompt_tokens: int | None = None, torch_compile: bool = False, **options: Any) -> None:
+    """Load ``model`` (with ``draft``) once on ``device`` and serve it on ``host:port`` until interrupted
+    (``torch_compile``: compile the batched forward before listening, ``Generator``'s option).
 
     ``options``: ``ServerConfig`` fields; ``api_key`` defaults to the ``CDSL_STRUCT_API_KEY``
     environment variable.
@@ -343,7 +344,8 @@ def serve(host: str = "127.0.0.1", port: int = 8000, model: str = "smollm2", dra
     config = ServerConfig(**options)
     generator = Generator(model, draft=draft, backend=backend, whitespace=whitespace, loop_guard=loop_guard,
                           compile_timeout=compile_timeout, device=device, dtype=dtype, max_batch_size=max_batch_size,
-                          extra_properties=extra_properties, max_prompt_tokens=max_prompt_tokens)
+                          extra_properties=extra_properties, max_prompt_tokens=max_prompt_tokens,
+                          torch_compile=torch_compile)
     app = create_app(generator, config)
     uvicorn.run(app, host=host, port=port, log_level=log_level,
                 timeout_graceful_shutdown=max(1, int(config.shutdown_grace)))

@@ -1,0 +1,124 @@
+"""A ``RaggedRunner``'s forward through ``torch.compile`` (opt-in: ``Generator(torch_compile=True)``,
+``serve --torch-compile``).
+
+Eager, a single-row decode step of SmolLM2 on two CPU cores is ~28 ms, and only about half of it
+is the linear layers: ~1200 small ops (norms, rotary, activations, residual adds) and the Python
+that dispatches ~6900 ops cost the rest. vLLM's CPU build compiles its layers for that reason.
+Here transformers' model is compiled whole (``dynamic=True``: the step's token count varies) with
+inductor's freezing (the weights become constants, prepacked for oneDNN), and the two things a
+graph cannot hold, the write into the runner's ``SlotCache`` and the ragged attention (its plan is
+Python data that changes every step), run as one opaque custom op, ``cdsl_struct::ragged_attend``.
+Measured in a probe (BENCHMARKS.md): 22.8 against 28.6 ms a single-row step, 35.6 against 40.8 ms
+at 16 rows.
+
+Costs: compiling takes minutes on a small CPU (``warm`` does it at start, over the shapes a
+server meets: one token, a prompt, several rows, several kept positions), inductor needs a C++
+compiler on the CPU, and the frozen graph keeps its own copy of the weights (changing the model's
+weights afterwards is not seen). Any failure to compile or run compiled logs a warning once and
+the runner goes on eagerly: the step is run again eagerly (it rewrites the same cache positions),
+so no request sees it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from .attention import ragged_step
+
+log = logging.getLogger(__name__)
+
+#: inductor settings while compiling: freezing folds the weights into the graph as constants
+#: (prepacked on the CPU); set as a config patch around each call (``torch.compile(options=...)``
+#: did not turn it on in torch 2.13: a single-row step stayed at eager speed)
+INDUCTOR_CONFIG = {"freezing": True, "emulate_precision_casts": True}
+
+
+@torch.library.custom_op("cdsl_struct::ragged_attend", mutates_args=())
+def ragged_attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int,
+                  scaling: float) -> torch.Tensor:
+    """Write a layer's new keys and values into the running step's ``SlotCache`` and attend by its
+    plan (``ragged.ragged_attention``): ``[1, heads, N, dim]`` queries -> ``[1, N, heads, dim]``.
+    Opaque to the compiler: the cache and the plan are read from the step's thread-local state."""
+    from .ragged import ragged_attention
+
+    keys, values = ragged_step.cache.update(key, value, layer)
+    return ragged_attention(None, query, keys, values, scaling)
+
+
+@ragged_attend.register_fake
+def _ragged_attend_shape(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int,
+                         scaling: float) -> torch.Tensor:
+    return query.new_empty((1, query.shape[2], query.shape[1], query.shape[3]))
+
+
+class CompiledForward:
+    """A model's forward compiled for ragged steps, with an eager fallback.
+
+    ``__call__`` returns the model's output, or None when the compiled path failed (now or
+    before): the caller then runs the step eagerly. ``failure`` holds the first error."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.compiled = torch.compile(model, dynamic=True)
+        self.failure: BaseException | None = None
+        self.warm_seconds = 0.0
+        self.steps = 0
+        """Steps run compiled."""
+
+    @property
+    def active(self) -> bool:
+        """Whether steps still run compiled."""
+        return self.failure is None
+
+    def __call__(self, **inputs: Any) -> Any:
+        if self.failure is not None:
+            return None
+        import torch._inductor.config as inductor_config
+
+        try:
+            with inductor_config.patch(INDUCTOR_CONFIG):
+                out = self.compiled(**inputs)
+            self.steps += 1
+            return out
+        except Exception as exc:  # noqa: BLE001 - any compiler or kernel error: the eager path answers
+            self.failure = exc
+            log.warning("torch.compile'd forward failed (%s: %s); running eagerly from now on",
+                        type(exc).__name__, exc)
+            return None
+
+
+def warm(runner: Any, length: int = 40) -> float:
+    """Compile ``runner``'s forward for the shapes a server meets, on throw-away rows: a prompt,
+    one row of one token, several rows, several kept positions (speculation). Seconds it took."""
+    from .batch import Feed
+
+    started = time.perf_counter()
+    prompt = [(7 * i + 3) % runner.vocab_size for i in range(length)]
+    rows = [("cdsl-warm", i) for i in range(3)]
+    try:
+        runner.run([Feed(rows[0], prompt, 1)])  # a prompt: many tokens, one kept
+        runner.run([Feed(rows[0], prompt + prompt[:1], 1)])  # one token
+        runner.run([Feed(rows[1], prompt[:length // 2], 1), Feed(rows[2], prompt[:length // 3], 1)])
+        runner.run([Feed(row, runner.held(row) + prompt[:2], 2) for row in rows])  # several rows, kept
+    finally:
+        runner.release(*rows)
+    seconds = time.perf_counter() - started
+    if runner.compiled is not None:
+        runner.compiled.warm_seconds = seconds
+    return seconds
+
+
+def compile_runner(runner: Any) -> bool:
+    """Compile ``runner``'s steps and warm them (``RaggedRunner.compile``); whether its steps now run
+    compiled. A padded ``BatchRunner`` (a model family without ragged steps) is left eager, with a warning."""
+    if not getattr(runner, "ragged", False):
+        log.warning("torch_compile: %s has no ragged steps to compile; running eagerly", type(runner).__name__)
+        return False
+    seconds = runner.compile()
+    if runner.compiled.active:
+        log.info("torch_compile: the target's forward compiled and warmed in %.0f s", seconds)
+    return runner.compiled.active
