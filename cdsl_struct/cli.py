@@ -153,6 +153,8 @@ def _add_bench_parsers(commands: Any) -> None:
     steps.add_argument("--steps", type=int, default=20, help="decode steps per single-row measurement")
     steps.add_argument("--rounds", type=int, default=2, help="interleaved rounds (best kept)")
     steps.add_argument("--compile", action="store_true", help="also torch.compile the static-cache step (slow)")
+    steps.add_argument("--torch-compile", action="store_true",
+                       help="the grid again through the engine's compiled runner (models.compiled; minutes)")
     steps.add_argument("--json", dest="json_out", help="write the measurements here")
 
     gen = bench.add_parser("commongen", help="CommonGen keyword coverage: greedy vs CDLH vs CDSL")
@@ -229,7 +231,8 @@ def _steps(args: argparse.Namespace) -> int:
     from .bench.step_cost import StepCostConfig, format_table, run_step_cost
 
     report = run_step_cost(StepCostConfig(model=args.model, device=args.device, steps=args.steps,
-                                          rounds=args.rounds, compile=args.compile))
+                                          rounds=args.rounds, compile=args.compile,
+                                          torch_compile=args.torch_compile))
     return _report(report, format_table(report), args.json_out)
 
 

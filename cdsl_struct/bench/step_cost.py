@@ -9,7 +9,8 @@ Two measurements, rounds interleaved, the best of each kept (the machine is shar
 - the batched step grid: rows B x fed positions per row T through the engine's runner
   (``batch_runner``: ragged where the model supports it) at the default dtype, as the engine
   loads it (the cost model behind ``StepWidth``: a pass costs about ``a + b * B * T``), and the
-  prefill cost per position.
+  prefill cost per position; with ``torch_compile`` the same grid again through a compiled
+  runner (``models.compiled``, compiled and warmed once before), cell by cell beside the eager one.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class StepCostConfig:
     rows: tuple[int, ...] = (1, 4, 8, 16, 32)
     widths: tuple[int, ...] = (1, 2, 4, 8)
     compile: bool = False
+    torch_compile: bool = False
 
 
 @torch.inference_mode()
@@ -61,9 +63,12 @@ def _single_row(model: Any, context: list[int], steps: int, static: Any = None) 
     return (time.perf_counter() - started) / steps * 1000
 
 
-def _grid_cell(model: Any, rows: int, width: int, context: int, rng: random.Random) -> tuple[float, float]:
-    """(ms of a step feeding ``width`` positions to each of ``rows`` rows, ms per prefilled position)."""
+def _grid_cell(model: Any, rows: int, width: int, context: int, rng: random.Random,
+               compiled: Any = None) -> tuple[float, float]:
+    """(ms of a step feeding ``width`` positions to each of ``rows`` rows, ms per prefilled position);
+    ``compiled``: a warmed ``CompiledForward`` of ``model`` the runner steps through."""
     runner = batch_runner(model, prefix_cache_bytes=0)
+    runner.compiled = compiled
     sequences = {i: [rng.randrange(100, 40000) for _ in range(context)] for i in range(rows)}
     started = time.perf_counter()
     runner.run([Feed(i, s, 1) for i, s in sequences.items()])
@@ -104,17 +109,29 @@ def run_step_cost(config: StepCostConfig) -> dict[str, Any]:
     for _ in range(config.rounds):
         for name, measure in variants.items():
             single[name] = round(min(single.get(name, float("inf")), measure()), 1)
-    rng = random.Random(0)
-    grid, prefill = {}, {}
+    compiled = None
+    warm_seconds = None
+    if config.torch_compile:
+        warmer = batch_runner(model, prefix_cache_bytes=0)
+        warm_seconds = round(warmer.compile(), 1)
+        compiled = warmer.compiled
+    grids: dict[str, dict[str, float]] = {"eager": {}, "compiled": {}} if compiled is not None else {"eager": {}}
+    prefills: dict[str, dict[str, float]] = {name: {} for name in grids}
     for rows in config.rows:
         for width in config.widths:
-            step, per_position = _grid_cell(model, rows, width, config.context, rng)
-            grid[f"{rows}x{width}"] = round(step, 1)
-            prefill[str(rows)] = round(min(prefill.get(str(rows), float("inf")), per_position), 2)
+            for name in grids:
+                step, per_position = _grid_cell(model, rows, width, config.context, random.Random(rows * 100 + width),
+                                                compiled if name == "compiled" else None)
+                grids[name][f"{rows}x{width}"] = round(step, 1)
+                prefills[name][str(rows)] = round(min(prefills[name].get(str(rows), float("inf")), per_position), 2)
     machine = {"threads": torch.get_num_threads(), "torch": torch.__version__, "device": str(loaded.device),
                "grid dtype": str(next(model.parameters()).dtype)}
-    return {"config": asdict(config), "summary": {"single_row_step_ms": single, "batched_step_ms": grid,
-                                                  "prefill_ms_per_position": prefill, "machine": machine}}
+    summary = {"single_row_step_ms": single, "batched_step_ms": grids["eager"],
+               "prefill_ms_per_position": prefills["eager"], "machine": machine}
+    if compiled is not None:
+        summary.update(compiled_step_ms=grids["compiled"], compiled_prefill_ms_per_position=prefills["compiled"],
+                       compile_seconds=warm_seconds, compiled_active=compiled.active)
+    return {"config": asdict(config), "summary": summary}
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -122,10 +139,16 @@ def format_table(report: dict[str, Any]) -> str:
     summary, config = report["summary"], report["config"]
     lines = ["| single-row decode step | ms |", "|---|---:|"]
     lines += [f"| {name} | {ms} |" for name, ms in summary["single_row_step_ms"].items()]
-    lines += ["", f"grid at {summary['machine'].get('grid dtype', 'the default dtype')}:",
-              "", "| rows / positions per row | " + " | ".join(str(w) for w in config["widths"])
-              + " | prefill ms / position |", "|---:|" + "---:|" * (len(config["widths"]) + 1)]
-    for rows in config["rows"]:
-        cells = [str(summary["batched_step_ms"][f"{rows}x{w}"]) for w in config["widths"]]
-        lines.append(f"| {rows} | " + " | ".join(cells) + f" | {summary['prefill_ms_per_position'][str(rows)]} |")
+    grids = [("", "batched_step_ms", "prefill_ms_per_position")]
+    if "compiled_step_ms" in summary:
+        grids.append((f"torch.compile'd (compiled and warmed in {summary['compile_seconds']} s; "
+                      f"still compiled at the end: {summary['compiled_active']}) ",
+                      "compiled_step_ms", "compiled_prefill_ms_per_position"))
+    for title, steps, prefill in grids:
+        lines += ["", f"{title}grid at {summary['machine'].get('grid dtype', 'the default dtype')}:",
+                  "", "| rows / positions per row | " + " | ".join(str(w) for w in config["widths"])
+                  + " | prefill ms / position |", "|---:|" + "---:|" * (len(config["widths"]) + 1)]
+        for rows in config["rows"]:
+            cells = [str(summary[steps][f"{rows}x{w}"]) for w in config["widths"]]
+            lines.append(f"| {rows} | " + " | ".join(cells) + f" | {summary[prefill][str(rows)]} |")
     return "\n".join(lines)
