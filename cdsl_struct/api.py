@@ -117,10 +117,11 @@ class Generator:
     ``max_prompt_tokens``: longer prompts raise ``PromptTooLong`` (the model's context always bounds them).
     ``loop_guard`` (default on): a row whose output starts repeating one block of tokens is
     steered out of the cycle instead of running to ``max_tokens`` (``decoding.loops``; target
-    and speculative rows; it never loosens a constraint). ``torch_compile`` (default off): the
-    batched target forward runs through ``torch.compile`` (``models.compiled``), compiled here
-    before the Generator returns (minutes on a small CPU); where it cannot compile, a warning is
-    logged and decoding runs eagerly.
+    and speculative rows; it never loosens a constraint). ``torch_compile`` (default off,
+    experimental): the batched target forward runs through ``torch.compile`` (``models.compiled``),
+    compiled here before the Generator returns (minutes on a small CPU); where it cannot compile, a
+    warning is logged and decoding runs eagerly. Its steps alone are 1.1-1.25x faster on a 2-core
+    CPU, but decoding measured 1.0-1.04x in-process and slower served (BENCHMARKS.md).
     """
 
     def __init__(self, model: str | LoadedModel = "smollm2", *, draft: str | None = "auto",

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 #: inductor settings while compiling: freezing folds the weights into the graph as constants
 #: (prepacked on the CPU); set as a config patch around each call (``torch.compile(options=...)``
 #: did not turn it on in torch 2.13: a single-row step stayed at eager speed)
-INDUCTOR_CONFIG = {"freezing": True, "emulate_precision_casts": True}
+INDUCTOR_CONFIG = {"freezing": True, "emulate_precision_casts": True, "cpp.threads": 1}
 
 
 @torch.library.custom_op("cdsl_struct::ragged_attend", mutates_args=())
@@ -55,6 +55,36 @@ def _ragged_attend_shape(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     return query.new_empty((1, query.shape[2], query.shape[1], query.shape[3]))
 
 
+#: how torch 2.13's inductor calls a compiled CPU kernel from its Python wrapper: holding the GIL
+#: for the kernel's whole run
+_KERNEL_CALL_HOLDING_GIL = "kernel({}); Py_RETURN_NONE;"
+#: the same call with the arguments parsed under the GIL and the kernel (pure C++ on raw pointers)
+#: run without it, the GIL taken back on the way out, exceptions included
+_KERNEL_CALL_RELEASING_GIL = (
+    "{{ auto _run = [](auto... _args) {{ PyThreadState* _state = PyEval_SaveThread(); "
+    "try {{ kernel(_args...); }} catch (...) {{ PyEval_RestoreThread(_state); throw; }} "
+    "PyEval_RestoreThread(_state); }}; _run({}); }} Py_RETURN_NONE;")
+
+
+def release_gil_in_cpu_kernels() -> bool:
+    """Make inductor's CPU kernels release the GIL while they run; whether the call template was
+    the one this knows (another torch version's is left alone).
+
+    The engine computes the next step's masks in worker threads while the forward runs, and the
+    server's event loop runs beside both: eager ATen ops release the GIL, but each of a compiled
+    graph's hundreds of fused kernels held it, so those threads stalled the forward and it stalled
+    them (measured: the compiled server at 0.71-0.78x the eager one, one request at a time)."""
+    from torch._inductor.codecache import CppPythonBindingsCodeCache
+
+    current = getattr(CppPythonBindingsCodeCache, "call_entry_function", None)
+    if current == _KERNEL_CALL_RELEASING_GIL:
+        return True
+    if current != _KERNEL_CALL_HOLDING_GIL:
+        return False
+    CppPythonBindingsCodeCache.call_entry_function = _KERNEL_CALL_RELEASING_GIL
+    return True
+
+
 class CompiledForward:
     """A model's forward compiled for ragged steps, with an eager fallback.
 
@@ -63,6 +93,7 @@ class CompiledForward:
 
     def __init__(self, model: Any) -> None:
         self.model = model
+        self.releases_gil = release_gil_in_cpu_kernels()
         self.compiled = torch.compile(model, dynamic=True)
         self.failure: BaseException | None = None
         self.warm_seconds = 0.0
