@@ -7,9 +7,13 @@ that dispatches ~6900 ops cost the rest. vLLM's CPU build compiles its layers fo
 Here transformers' model is compiled whole (``dynamic=True``: the step's token count varies) with
 inductor's freezing (the weights become constants, prepacked for oneDNN), and the two things a
 graph cannot hold, the write into the runner's ``SlotCache`` and the ragged attention (its plan is
-Python data that changes every step), run as one opaque custom op, ``cdsl_struct::ragged_attend``.
-Measured in a probe (BENCHMARKS.md): 22.8 against 28.6 ms a single-row step, 35.6 against 40.8 ms
-at 16 rows.
+Python data that changes every step), run as one opaque custom op, ``cdsl_struct::ragged_attend``
+(``ragged.ragged_attend``).
+
+Measured (BENCHMARKS.md, "torch.compile of the ragged step"): steps alone are 1.1-1.25x faster in
+bf16 (``bench steps --torch-compile``), but the Generator decoding one request at a time was
+1.02-1.04x, and ``serve --torch-compile`` 0.71-0.78x the eager server; why the served forward is
+slower (48 against 32 ms a step) is not found yet. Hence opt-in and experimental.
 
 Costs: compiling takes minutes on a small CPU (``warm`` does it at start, over the shapes a
 server meets: one token, a prompt, several rows, several kept positions), inductor needs a C++
@@ -27,32 +31,12 @@ from typing import Any
 
 import torch
 
-from .attention import ragged_step
-
 log = logging.getLogger(__name__)
 
 #: inductor settings while compiling: freezing folds the weights into the graph as constants
 #: (prepacked on the CPU); set as a config patch around each call (``torch.compile(options=...)``
 #: did not turn it on in torch 2.13: a single-row step stayed at eager speed)
 INDUCTOR_CONFIG = {"freezing": True, "emulate_precision_casts": True, "cpp.threads": 1}
-
-
-@torch.library.custom_op("cdsl_struct::ragged_attend", mutates_args=())
-def ragged_attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int,
-                  scaling: float) -> torch.Tensor:
-    """Write a layer's new keys and values into the running step's ``SlotCache`` and attend by its
-    plan (``ragged.ragged_attention``): ``[1, heads, N, dim]`` queries -> ``[1, N, heads, dim]``.
-    Opaque to the compiler: the cache and the plan are read from the step's thread-local state."""
-    from .ragged import ragged_attention
-
-    keys, values = ragged_step.cache.update(key, value, layer)
-    return ragged_attention(None, query, keys, values, scaling)
-
-
-@ragged_attend.register_fake
-def _ragged_attend_shape(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int,
-                         scaling: float) -> torch.Tensor:
-    return query.new_empty((1, query.shape[2], query.shape[1], query.shape[3]))
 
 
 #: how torch 2.13's inductor calls a compiled CPU kernel from its Python wrapper: holding the GIL

@@ -37,7 +37,7 @@ import torch
 from ..errors import CdslError
 from .attention import DECODE_ATTENTION, decode_attention, ragged_step
 from .batch import BatchRunner, Feed, check_feeds, kv_bytes_per_token, reusable_prefix
-from .compiled import CompiledForward, ragged_attend, warm
+from .compiled import CompiledForward, warm
 from .device import model_device
 from .prefix_cache import PrefixCache
 
@@ -215,6 +215,23 @@ def ragged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
             row_query, row_keys, row_values, attn_mask=causal, scale=scale, enable_gqa=group > 1)
         out[first:first + count] = attended[0].transpose(0, 1).to(out.dtype)
     return out.unsqueeze(0)
+
+
+@torch.library.custom_op("cdsl_struct::ragged_attend", mutates_args=())
+def ragged_attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int,
+                  scaling: float) -> torch.Tensor:
+    """Write a layer's new keys and values into the running step's ``SlotCache`` and attend by its
+    plan (``ragged_attention``): ``[1, heads, N, dim]`` queries -> ``[1, N, heads, dim]``.
+    Opaque to the compiler (``models.compiled``): the cache and the plan are read from the step's
+    thread-local state."""
+    keys, values = _step.cache.update(key, value, layer)
+    return ragged_attention(None, query, keys, values, scaling)
+
+
+@ragged_attend.register_fake
+def _ragged_attend_shape(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int,
+                         scaling: float) -> torch.Tensor:
+    return query.new_empty((1, query.shape[2], query.shape[1], query.shape[3]))
 
 
 def _grouped_bias(plan: StepPlan, kv_heads: int, group: int, dtype: torch.dtype) -> torch.Tensor:
