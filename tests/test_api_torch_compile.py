@@ -10,6 +10,7 @@ import pytest
 
 from cdsl_struct.api import Generator
 from cdsl_struct.server.cli import add_serve_parser, run_serve
+from tests.models.solo import save_tiny_llama
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
           "required": ["name", "age"], "additionalProperties": False}
@@ -17,20 +18,7 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"
 
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory):
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from cdsl_struct.models.tokenizers import load_tokenizer
-
-    folder = tmp_path_factory.mktemp("tiny-llama-smollm2-vocab")
-    tokenizer = load_tokenizer("smollm2")
-    torch.manual_seed(1)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=True, initializer_range=1.0)
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama-smollm2-vocab"), seed=1, heads=4, kv_heads=2)
 
 
 def test_a_compiled_generator_answers_as_the_eager_one(tiny_folder):

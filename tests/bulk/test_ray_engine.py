@@ -16,6 +16,7 @@ import pytest
 
 from cdsl_struct.bulk import BatchJob, run_job
 from cdsl_struct.params import GenerationParams
+from tests.models.solo import save_tiny_llama
 
 pytest.importorskip("ray.data")  # the extra `ray`, installed by `make test`
 
@@ -31,20 +32,7 @@ def rows() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from cdsl_struct.models.tokenizers import load_tokenizer
-
-    folder = tmp_path_factory.mktemp("tiny-smollm2-vocab")
-    tokenizer = load_tokenizer("smollm2")
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
-                         eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=True, initializer_range=1.0)
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-smollm2-vocab"))
 
 
 def test_ray_engine_matches_local_engine(tmp_path, tiny_model_dir):
