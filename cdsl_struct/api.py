@@ -121,7 +121,7 @@ class Generator:
     experimental): the batched target forward runs through ``torch.compile`` (``models.compiled``),
     compiled here before the Generator returns (minutes on a small CPU); where it cannot compile, a
     warning is logged and decoding runs eagerly. Its steps alone are 1.1-1.25x faster on a 2-core
-    CPU, but decoding measured 1.0-1.04x in-process and slower served (BENCHMARKS.md).
+    CPU, but decoding measured 1.03-1.05x in-process and slower served (BENCHMARKS.md).
     """
 
     def __init__(self, model: str | LoadedModel = "smollm2", *, draft: str | None = "auto",

@@ -12,7 +12,7 @@ Python data that changes every step), run as one opaque custom op, ``cdsl_struct
 
 Measured (BENCHMARKS.md, "torch.compile of the ragged step"): steps alone are 1.1-1.25x faster in
 bf16 (``bench steps --torch-compile``), but the Generator decoding one request at a time was
-1.02-1.04x, and ``serve --torch-compile`` 0.71-0.78x the eager server; why the served forward is
+1.03-1.05x, and ``serve --torch-compile`` 0.71-0.78x the eager server; why the served forward is
 slower (48 against 32 ms a step) is not found yet. Hence opt-in and experimental.
 
 Costs: compiling takes minutes on a small CPU (``warm`` does it at start, over the shapes a
@@ -55,9 +55,9 @@ def release_gil_in_cpu_kernels() -> bool:
     the one this knows (another torch version's is left alone).
 
     The engine computes the next step's masks in worker threads while the forward runs, and the
-    server's event loop runs beside both: eager ATen ops release the GIL, but each of a compiled
-    graph's hundreds of fused kernels held it, so those threads stalled the forward and it stalled
-    them (measured: the compiled server at 0.71-0.78x the eager one, one request at a time)."""
+    server's event loop runs beside both; eager ATen ops release the GIL, but each of a compiled
+    graph's hundreds of fused kernels held it. Released, another Python thread did 7.5x more work
+    during compiled calls; the compiled server's rate did not move (BENCHMARKS.md)."""
     from torch._inductor.codecache import CppPythonBindingsCodeCache
 
     current = getattr(CppPythonBindingsCodeCache, "call_entry_function", None)
