@@ -97,6 +97,30 @@ class _Call:
             if self.params.penalised else None
 
 
+def on_own_thread(build: Callable[[], Any]) -> Any:
+    """``build()`` run on a thread of its own that ends with it; its result, or its exception.
+
+    Loading a model runs OpenMP-parallel tensor ops, and the thread that runs them keeps an
+    OpenMP team alive. The engine's forward runs on the engine's thread; with a second live team
+    in the process (the caller's) its parallel regions lose the fast hand-off to their workers:
+    a single-row SmolLM2 step took 37-39 ms against 29.5-31.5 ms with the loading done on a
+    thread that had ended (2-core CPU, BENCHMARKS.md)."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = build()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller as it is
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="cdsl-struct-load")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
 class Generator:
     """Models loaded once, compiled constraints cached, rows decoded in batches; thread-safe.
 
@@ -132,7 +156,8 @@ class Generator:
                  torch_compile: bool = False) -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
-        self.loaded = model if isinstance(model, LoadedModel) else load_model(model, device=device, dtype=dtype)
+        self.loaded = model if isinstance(model, LoadedModel) else \
+            on_own_thread(lambda: load_model(model, device=device, dtype=dtype))
         self.model_name: str = self.loaded.name
         self.tokenizer: Any = self.loaded.tokenizer
         self.vocabulary = TokenVocabulary.from_tokenizer(self.tokenizer, self.loaded.eos_token_ids)
@@ -144,7 +169,8 @@ class Generator:
         self.loop_guard = loop_guard
         self.k = k
         self.draft: str | None = None if draft in (None, "none") else (AUTO_DRAFT if draft == "auto" else draft)
-        self.proposers = build_proposers(self.draft, self.loaded.model, target_tokenizer=self.tokenizer)
+        self.proposers = on_own_thread(lambda: build_proposers(self.draft, self.loaded.model,
+                                                               target_tokenizer=self.tokenizer))
         self._draft_lock = threading.Lock()
         self._cdsl_draft: ModelRunner | None = next(
             (p.runner for p in self.proposers if isinstance(p, DraftModelProposer)), None)
@@ -152,7 +178,7 @@ class Generator:
         self.engine = BatchEngine(batch_runner(self.loaded.model, pad_token_id=pad), max_batch_size=max_batch_size,
                                   kv_budget_bytes=None if kv_budget_gb is None else kv_budget_gb * 2**30)
         if torch_compile:
-            compile_runner(self.engine.runner)
+            on_own_thread(lambda: compile_runner(self.engine.runner))
         self.engine.start()
 
     def __repr__(self) -> str:
