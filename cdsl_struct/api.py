@@ -144,8 +144,8 @@ class Generator:
     and speculative rows; it never loosens a constraint). ``torch_compile`` (default off,
     experimental): the batched target forward runs through ``torch.compile`` (``models.compiled``),
     compiled here before the Generator returns (minutes on a small CPU); where it cannot compile, a
-    warning is logged and decoding runs eagerly. Its steps alone are 1.1-1.25x faster on a 2-core
-    CPU, but decoding measured 1.03-1.05x in-process and slower served (BENCHMARKS.md).
+    warning is logged and decoding runs eagerly. On a 2-core CPU its steps are 1.1-1.26x faster
+    and the server one request at a time 1.2x (BENCHMARKS.md).
     """
 
     def __init__(self, model: str | LoadedModel = "smollm2", *, draft: str | None = "auto",

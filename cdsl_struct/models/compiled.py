@@ -10,10 +10,11 @@ graph cannot hold, the write into the runner's ``SlotCache`` and the ragged atte
 Python data that changes every step), run as one opaque custom op, ``cdsl_struct::ragged_attend``
 (``ragged.ragged_attend``).
 
-Measured (BENCHMARKS.md, "torch.compile of the ragged step"): steps alone are 1.1-1.25x faster in
-bf16 (``bench steps --torch-compile``), but the Generator decoding one request at a time was
-1.03-1.05x, and ``serve --torch-compile`` 0.71-0.78x the eager server; why the served forward is
-slower (48 against 32 ms a step) is not found yet. Hence opt-in and experimental.
+Measured (BENCHMARKS.md, "torch.compile of the ragged step"): steps are 1.1-1.26x faster in bf16
+(``bench steps --torch-compile``), and ``serve --torch-compile`` runs 25.6 ms a step against the
+eager server's 31-32 one request at a time, once the warm-up runs on a thread that ends
+(``api.on_own_thread``: a forward on the caller's thread had made the engine's steps 40 ms).
+Opt-in and experimental while it is measured on more loads.
 
 Costs: compiling takes minutes on a small CPU (``warm`` does it at start, over the shapes a
 server meets: one token, a prompt, several rows, several kept positions), inductor needs a C++
@@ -57,7 +58,7 @@ def release_gil_in_cpu_kernels() -> bool:
     The engine computes the next step's masks in worker threads while the forward runs, and the
     server's event loop runs beside both; eager ATen ops release the GIL, but each of a compiled
     graph's hundreds of fused kernels held it. Released, another Python thread did 7.5x more work
-    during compiled calls; the compiled server's rate did not move (BENCHMARKS.md)."""
+    during compiled calls."""
     from torch._inductor.codecache import CppPythonBindingsCodeCache
 
     current = getattr(CppPythonBindingsCodeCache, "call_entry_function", None)

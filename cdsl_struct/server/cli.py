@@ -35,9 +35,8 @@ def add_serve_parser(commands: Any) -> argparse.ArgumentParser:
     add_output_options(serve)
     serve.add_argument("--torch-compile", action="store_true",
                        help="experimental: run the batched forward through torch.compile (inductor; needs a C++ "
-                            "compiler on the CPU; minutes more to start; eager with a warning where it fails). Its "
-                            "steps are faster alone, but this server measured slower with it on a 2-core CPU "
-                            "(BENCHMARKS.md)")
+                            "compiler on the CPU; minutes more to start; eager with a warning where it fails); "
+                            "on a 2-core CPU, 1.2x the eager server's rate one request at a time (BENCHMARKS.md)")
     serve.add_argument("--compile-timeout", type=float, default=30.0,
                        help="seconds a constraint may take to compile; over it the request gets 400 (default 30)")
     serve.add_argument("--max-request-bytes", type=int, default=2 * 1024 * 1024,
