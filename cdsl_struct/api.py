@@ -40,7 +40,7 @@ from .decoding.lookahead import CDLH, CDSL
 from .decoding.penalties import Penalties
 from .decoding.stops import StopHoldback
 from .errors import CdslError, InvalidArgument, PromptTooLong
-from .models.compiled import compile_runner
+from .models.compiled import compile_for, compile_mode
 from .models.loading import LoadedModel, load_model
 from .models.ragged import batch_runner
 from .models.runner import ModelRunner, self_draft
@@ -141,11 +141,13 @@ class Generator:
     ``max_prompt_tokens``: longer prompts raise ``PromptTooLong`` (the model's context always bounds them).
     ``loop_guard`` (default on): a row whose output starts repeating one block of tokens is
     steered out of the cycle instead of running to ``max_tokens`` (``decoding.loops``; target
-    and speculative rows; it never loosens a constraint). ``torch_compile`` (default off,
-    experimental): the batched target forward runs through ``torch.compile`` (``models.compiled``),
-    compiled here before the Generator returns (minutes on a small CPU); where it cannot compile, a
-    warning is logged and decoding runs eagerly. On a 2-core CPU its steps are 1.1-1.26x faster
-    and the server one request at a time 1.2x (BENCHMARKS.md).
+    and speculative rows; it never loosens a constraint). ``torch_compile``: the batched target
+    forward runs through ``torch.compile`` (``models.compiled``), compiled here before the
+    Generator returns (minutes on a small CPU). False / ``"off"`` (the
+    default here, for a quick start), True / ``"on"`` (where it cannot compile, a warning is logged
+    and decoding runs eagerly) or ``"auto"`` (``serve``'s default: compile on the CPU where inductor
+    finds a C++ compiler, else eager). On a 2-core CPU its steps are 1.1-1.26x faster and the
+    server one request at a time 1.2x (BENCHMARKS.md).
     """
 
     def __init__(self, model: str | LoadedModel = "smollm2", *, draft: str | None = "auto",
@@ -153,9 +155,10 @@ class Generator:
                  k: int = 6, device: Any = "auto", dtype: Any = "auto", max_batch_size: int = 32,
                  kv_budget_gb: float | None = None, extra_properties: bool = False,
                  max_prompt_tokens: int | None = None, loop_guard: bool = True,
-                 torch_compile: bool = False) -> None:
+                 torch_compile: bool | str = False) -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
+        compile_mode(torch_compile)  # a bad value fails before minutes of loading
         self.loaded = model if isinstance(model, LoadedModel) else \
             on_own_thread(lambda: load_model(model, device=device, dtype=dtype))
         self.model_name: str = self.loaded.name
@@ -177,8 +180,8 @@ class Generator:
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.loaded.eos_token_ids[0]
         self.engine = BatchEngine(batch_runner(self.loaded.model, pad_token_id=pad), max_batch_size=max_batch_size,
                                   kv_budget_bytes=None if kv_budget_gb is None else kv_budget_gb * 2**30)
-        if torch_compile:
-            on_own_thread(lambda: compile_runner(self.engine.runner))
+        if compile_mode(torch_compile) != "off":
+            on_own_thread(lambda: compile_for(self.engine.runner, torch_compile))
         self.engine.start()
 
     def __repr__(self) -> str:

@@ -35,6 +35,12 @@ BACKENDS = ("auto", *ENGINES)
 """What ``compile(backend=...)`` and the CLI's ``--backend`` accept."""
 WHITESPACE_POLICIES = ("compact", "spaced", "flexible", "newlines", "any")
 """Named JSON whitespace policies (``constraints.whitespace``); a bounded regex is accepted too."""
+COMPILE_MODES = ("auto", "on", "off")
+"""``torch_compile`` settings (``models.compiled``): ``"auto"`` compiles where it is measured to pay (a
+ragged runner on the CPU with a C++ compiler), ``"on"`` tries wherever it can, ``"off"`` stays eager."""
+SERVE_TORCH_COMPILE = "auto"
+"""``cdsl-struct serve``'s ``--torch-compile``: a server starts once and runs long, so it pays the
+minutes of compiling for 1.2x the eager rate; ``Generator`` and the other commands default to off."""
 DEFAULT_WHITESPACE = "flexible"
 """The JSON whitespace of every entry point that is not told otherwise: ``compile()``, ``Generator``,
 ``generate()``, tools, the server, ``cdsl-struct generate`` and ``cdsl-struct batch`` (and through

@@ -1,6 +1,6 @@
 """``Generator(torch_compile=True)`` end to end, on a tiny random Llama with SmolLM2's real
 tokenizer: it compiles before it returns, its steps run compiled, and its answers are the eager
-Generator's; ``serve --torch-compile`` passes the option through."""
+Generator's; ``serve`` compiles by default (``"auto"``) and passes ``--torch-compile`` through."""
 
 from __future__ import annotations
 
@@ -43,8 +43,20 @@ def test_a_compiled_generator_answers_as_the_eager_one(tiny_folder):
 def test_serve_passes_torch_compile_through(monkeypatch):
     parser = argparse.ArgumentParser()
     add_serve_parser(parser.add_subparsers(dest="command"))
-    assert parser.parse_args(["serve"]).torch_compile is False
+    assert parser.parse_args(["serve"]).torch_compile == "auto"  # a server compiles where that pays
     seen = {}
     monkeypatch.setattr("cdsl_struct.server.app.serve", lambda *args, **kwargs: seen.update(kwargs))
-    assert run_serve(parser.parse_args(["serve", "--torch-compile"])) == 0
-    assert seen["torch_compile"] is True
+    for argv, mode in ((["--torch-compile"], "on"), (["--torch-compile", "off"], "off"), ([], "auto")):
+        assert run_serve(parser.parse_args(["serve", *argv])) == 0
+        assert seen["torch_compile"] == mode
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--torch-compile", "fast"])
+
+
+def test_a_bad_torch_compile_fails_before_the_model_loads(monkeypatch):
+    def load(*args, **kwargs):
+        raise AssertionError("loaded")
+
+    monkeypatch.setattr("cdsl_struct.api.load_model", load)
+    with pytest.raises(ValueError, match="torch_compile"):
+        Generator("smollm2", torch_compile="fast")

@@ -13,7 +13,7 @@ from cdsl_struct.bulk.cli import add_batch_parser
 from cdsl_struct.bulk.job import BatchJob
 from cdsl_struct.constraints.compiler import compile as compile_spec
 from cdsl_struct.generate_cli import add_generate_parser
-from cdsl_struct.options import DEFAULT_WHITESPACE
+from cdsl_struct.options import DEFAULT_WHITESPACE, SERVE_TORCH_COMPILE
 from cdsl_struct.prompts import prompt_ids
 from cdsl_struct.server.app import serve
 from cdsl_struct.server.cli import add_serve_parser
@@ -129,3 +129,13 @@ def test_one_rule_for_at_most_one_constraint_everywhere():
     assert info.value.given == ["schema", "regex", "grammar"] and isinstance(info.value, ValueError)
     with pytest.raises(ConflictingConstraints, match="tools, regex"):
         BatchJob(tools=[{"type": "function", "function": {"name": "f"}}], regex="a").check()
+
+
+def test_the_server_compiles_by_default_and_the_library_does_not():
+    """serve starts once and runs long: it pays minutes of compiling for its rate; a Generator in a
+    script or a notebook starts in seconds unless asked."""
+    assert SERVE_TORCH_COMPILE == "auto" and _default(serve, "torch_compile") == SERVE_TORCH_COMPILE
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers(dest="command"))
+    assert parser.parse_args(["serve"]).torch_compile == SERVE_TORCH_COMPILE
+    assert _default(Generator.__init__, "torch_compile") is False

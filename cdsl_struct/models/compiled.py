@@ -1,5 +1,5 @@
-"""A ``RaggedRunner``'s forward through ``torch.compile`` (opt-in: ``Generator(torch_compile=True)``,
-``serve --torch-compile``).
+"""A ``RaggedRunner``'s forward through ``torch.compile``: ``serve``'s default (``"auto"``: on the CPU
+where inductor finds a C++ compiler), opt-in for ``Generator(torch_compile=...)``.
 
 Eager, a single-row decode step of SmolLM2 on two CPU cores is ~28 ms, and only about half of it
 is the linear layers: ~1200 small ops (norms, rotary, activations, residual adds) and the Python
@@ -14,14 +14,14 @@ Measured (BENCHMARKS.md, "torch.compile of the ragged step"): steps are 1.1-1.26
 (``bench steps --torch-compile``), and ``serve --torch-compile`` runs 25.6 ms a step against the
 eager server's 31-32 one request at a time, once the warm-up runs on a thread that ends
 (``api.on_own_thread``: a forward on the caller's thread had made the engine's steps 40 ms).
-Opt-in and experimental while it is measured on more loads.
 
-Costs: compiling takes minutes on a small CPU (``warm`` does it at start, over the shapes a
-server meets: one token, a prompt, several rows, several kept positions), inductor needs a C++
-compiler on the CPU, and the frozen graph keeps its own copy of the weights (changing the model's
-weights afterwards is not seen). Any failure to compile or run compiled logs a warning once and
-the runner goes on eagerly: the step is run again eagerly (it rewrites the same cache positions),
-so no request sees it.
+Costs: compiling takes minutes on a small CPU (``warm`` does it at start over the shapes a server
+meets, one token, a prompt, several rows, several kept positions: two graphs, as a lone prompt runs
+through the several-kept one; ~100 s for SmolLM2 on two cores, every start: inductor's cache skips
+graphs holding prepacked oneDNN weights), inductor needs a C++ compiler, and the frozen graph
+keeps its own copy of the weights (changing the model's weights afterwards is not seen). Any
+failure to compile or run compiled logs a warning once and the runner goes on eagerly: the step
+is run again eagerly (it rewrites the same cache positions), so no request sees it.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ import time
 from typing import Any
 
 import torch
+
+from ..options import COMPILE_MODES
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +97,18 @@ class CompiledForward:
             return None
         import torch._inductor.config as inductor_config
 
+        keep = inputs.get("logits_to_keep")
+        # one kept position of several fed (a lone prompt) would be a graph of its own: keeping it
+        # twice runs it through the several-kept graph (one lm_head row more; ~45 s less warm-up)
+        doubled = isinstance(keep, torch.Tensor) and keep.numel() == 1 and inputs["input_ids"].shape[-1] > 1
+        if doubled:
+            inputs["logits_to_keep"] = keep.repeat(2)
         try:
             with inductor_config.patch(INDUCTOR_CONFIG):
                 out = self.compiled(**inputs)
             self.steps += 1
+            if doubled:
+                out.logits = out.logits[:, :1]
             return out
         except Exception as exc:  # noqa: BLE001 - any compiler or kernel error: the eager path answers
             self.failure = exc
@@ -126,6 +136,48 @@ def warm(runner: Any, length: int = 40) -> float:
     if runner.compiled is not None:
         runner.compiled.warm_seconds = seconds
     return seconds
+
+
+def compile_mode(value: bool | str | None) -> str:
+    """``value`` as one of ``COMPILE_MODES`` (True is ``"on"``; False and None are ``"off"``)."""
+    if value is True or value is False or value is None:
+        return "on" if value else "off"
+    mode = str(value).lower()
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"torch_compile must be one of {', '.join(COMPILE_MODES)} or a bool, got {value!r}")
+    return mode
+
+
+def why_not_compiled(runner: Any) -> str | None:
+    """Why ``"auto"`` leaves ``runner`` eager, or None where it compiles: only a ragged runner on the
+    CPU with a C++ compiler (the case measured; inductor on a GPU needs triton and is not measured
+    here)."""
+    if not getattr(runner, "ragged", False):
+        return f"{type(runner).__name__} has no ragged steps to compile"
+    device = getattr(runner, "device", None)
+    if torch.device(device).type != "cpu":
+        return f"the model runs on {device}; compiling is measured on the CPU only"
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        get_cpp_compiler()
+    except Exception as exc:  # noqa: BLE001 - inductor raises its own types for a missing or broken compiler
+        return f"no C++ compiler for inductor ({type(exc).__name__}: {exc})"
+    return None
+
+
+def compile_for(runner: Any, mode: bool | str | None) -> bool:
+    """Compile ``runner``'s steps as ``mode`` (``COMPILE_MODES``) says; whether they now run compiled.
+    ``"auto"`` logs why it stays eager where it does; ``"on"`` tries, and warns where it cannot."""
+    mode = compile_mode(mode)
+    if mode == "off":
+        return False
+    if mode == "auto":
+        reason = why_not_compiled(runner)
+        if reason is not None:
+            log.info("torch_compile auto: running eagerly: %s", reason)
+            return False
+    return compile_runner(runner)
 
 
 def compile_runner(runner: Any) -> bool:

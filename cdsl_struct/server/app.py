@@ -25,6 +25,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from ..constraints.whitespace import DEFAULT_WHITESPACE
 from ..errors import CompileTimeout
+from ..options import SERVE_TORCH_COMPILE
 from ..tools import CallStream
 from . import responses
 from .auth import API_KEY_ENV, ApiKeyAuth
@@ -329,9 +330,11 @@ def serve(host: str = "127.0.0.1", port: int = 8000, model: str = "smollm2", dra
           compile_timeout: float = 30.0,
           log_level: str = "info",
           device: Any = "auto", dtype: Any = "auto", max_batch_size: int = 32, extra_properties: bool = False,
-          max_prompt_tokens: int | None = None, torch_compile: bool = False, **options: Any) -> None:
+          max_prompt_tokens: int | None = None, torch_compile: bool | str = SERVE_TORCH_COMPILE,
+          **options: Any) -> None:
     """Load ``model`` (with ``draft``) once on ``device`` and serve it on ``host:port`` until interrupted
-    (``torch_compile``: compile the batched forward before listening, ``Generator``'s option).
+    (``torch_compile``: ``Generator``'s option, ``"auto"`` here: the batched forward compiles before the
+    server listens where that is measured to pay).
 
     ``options``: ``ServerConfig`` fields; ``api_key`` defaults to the ``CDSL_STRUCT_API_KEY``
     environment variable.

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from ..generate_cli import add_device_arguments
-from ..options import BACKENDS, add_output_options
+from ..options import BACKENDS, COMPILE_MODES, SERVE_TORCH_COMPILE, add_output_options
 from .auth import API_KEY_ENV
 
 INSTALL_HINT = "cdsl-struct serve needs the server extra: pip install 'cdsl_struct[server]'"
@@ -33,10 +33,11 @@ def add_serve_parser(commands: Any) -> argparse.ArgumentParser:
     serve.add_argument("--backend", default="auto", choices=BACKENDS,
                        help="constraint engine (default auto)")
     add_output_options(serve)
-    serve.add_argument("--torch-compile", action="store_true",
-                       help="experimental: run the batched forward through torch.compile (inductor; needs a C++ "
-                            "compiler on the CPU; minutes more to start; eager with a warning where it fails); "
-                            "on a 2-core CPU, 1.2x the eager server's rate one request at a time (BENCHMARKS.md)")
+    serve.add_argument("--torch-compile", nargs="?", const="on", default=SERVE_TORCH_COMPILE, choices=COMPILE_MODES,
+                       help="run the batched forward through torch.compile (inductor): auto (the default) on the "
+                            "CPU where a C++ compiler is found, on (a bare --torch-compile) wherever it can, off. "
+                            "Compiling adds minutes to the start; on a 2-core CPU the server then runs 1.2x its "
+                            "eager rate (BENCHMARKS.md). Where it fails the server runs eagerly, with a warning")
     serve.add_argument("--compile-timeout", type=float, default=30.0,
                        help="seconds a constraint may take to compile; over it the request gets 400 (default 30)")
     serve.add_argument("--max-request-bytes", type=int, default=2 * 1024 * 1024,
@@ -107,7 +108,9 @@ def run_serve(args: argparse.Namespace) -> int:
     from .protocol import ServerLimits
 
     bound_malloc_arenas()
-    print(f"loading {args.model} (draft {args.draft}) ...", file=sys.stderr, flush=True)
+    compiling = "" if args.torch_compile == "off" else \
+        f"; torch.compile {args.torch_compile}: minutes where it compiles, --torch-compile off to skip"
+    print(f"loading {args.model} (draft {args.draft}{compiling}) ...", file=sys.stderr, flush=True)
     limits = ServerLimits(max_tokens=args.max_tokens_limit, max_n=args.max_n,
                           max_constraint_bytes=args.max_constraint_bytes, max_schema_depth=args.max_schema_depth,
                           max_rows=args.max_rows_per_request)
