@@ -76,3 +76,14 @@ def add_output_options(parser: Any) -> None:
     parser.add_argument("--no-loop-guard", dest="loop_guard", action="store_false",
                         help="let an output that repeats one block of tokens run on to max_tokens "
                              "(by default the block's next repeat is steered away from)")
+
+
+def add_torch_compile_option(parser: Any, default: str) -> None:
+    """``--torch-compile [auto|on|off]`` (a bare flag is ``on``) for the commands that run the engine
+    long enough to pay for compiling: ``serve`` (default auto) and ``batch`` (default off)."""
+    parser.add_argument("--torch-compile", nargs="?", const="on", default=default, choices=COMPILE_MODES,
+                        help="run the batched forward through torch.compile (inductor): auto (on the CPU where a "
+                             "C++ compiler is found), on (a bare --torch-compile: wherever it can), off "
+                             f"(default {default}). Compiling adds ~2.5 min to the start on two cores; on a 2-core "
+                             "CPU the server then runs 1.2x its eager rate (BENCHMARKS.md). Where it fails, "
+                             "decoding runs eagerly with a warning")

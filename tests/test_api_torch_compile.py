@@ -34,6 +34,8 @@ def test_a_compiled_generator_answers_as_the_eager_one(tiny_folder):
             answers[compiled] = [(r.text, r.finish_reason) for r in results]
             if compiled:
                 assert runner.compiled.steps > steps and runner.compiled.active  # decoded compiled, no fallback
+            load = generator.load()  # what /metrics reports
+            assert load.compiled_active is compiled and (load.compiled_steps > 0) is compiled
         finally:
             generator.close()
     assert answers[True] == answers[False]

@@ -9,7 +9,7 @@ import pytest
 
 import cdsl_struct as cs
 from cdsl_struct.api import Generator, generate
-from cdsl_struct.bulk.cli import add_batch_parser
+from cdsl_struct.bulk.cli import add_batch_parser, job_from_args
 from cdsl_struct.bulk.job import BatchJob
 from cdsl_struct.constraints.compiler import compile as compile_spec
 from cdsl_struct.generate_cli import add_generate_parser
@@ -67,7 +67,13 @@ def test_a_batch_job_passes_its_output_options_to_its_generator(monkeypatch):
 
     monkeypatch.setattr("cdsl_struct.api.Generator", Recorder)
     BatchJob(whitespace="flexible", loop_guard=False).generator()
-    assert seen["whitespace"] == "flexible" and seen["loop_guard"] is False
+    assert seen["whitespace"] == "flexible" and seen["loop_guard"] is False and seen["torch_compile"] == "off"
+    parser = argparse.ArgumentParser()
+    add_batch_parser(parser.add_subparsers(dest="command"))
+    job = job_from_args(parser.parse_args(["batch", "in.jsonl", "out.jsonl", "--torch-compile"]))
+    assert job.torch_compile == "on" and BatchJob.from_dict(job.to_dict()).torch_compile == "on"  # to Ray actors
+    job.generator()
+    assert seen["torch_compile"] == "on"
 
 
 def test_the_loop_guard_is_on_everywhere_unless_turned_off():

@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from ..errors import CdslError
-from ..options import BACKENDS, add_output_options
+from ..options import BACKENDS, add_output_options, add_torch_compile_option
 from ..params import add_param_arguments, params_from_args
 from .files import InputError
 from .job import ENGINES, BatchJob, load_json_arg, run_job
@@ -44,6 +44,7 @@ def add_batch_parser(commands: Any) -> argparse.ArgumentParser:
     add_output_options(batch)
     batch.add_argument("--device", default="auto")
     batch.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    add_torch_compile_option(batch, "off")
     add_param_arguments(batch)
     batch.add_argument("--no-chat", action="store_true",
                        help="send each prompt as it is, without the chat template (base models; no messages rows)")
@@ -56,7 +57,8 @@ def job_from_args(args: argparse.Namespace) -> BatchJob:
     """The ``BatchJob`` the parsed arguments describe (files read here)."""
     job = BatchJob(model=args.model, draft=None if args.draft == "none" else args.draft, backend=args.backend,
                    whitespace=args.whitespace, loop_guard=args.loop_guard, device=args.device, dtype=args.dtype,
-                   params=params_from_args(args), max_batch_size=max(args.batch_size, 1), chat=not args.no_chat)
+                   params=params_from_args(args), max_batch_size=max(args.batch_size, 1), chat=not args.no_chat,
+                   torch_compile=args.torch_compile)
     if args.schema:
         with open(args.schema, encoding="utf-8") as handle:
             job.schema = handle.read()

@@ -37,6 +37,8 @@ class BatchJob:
     ``seed``, ``seed + 1``, ...)."""
     max_batch_size: int = 16
     chat: bool = True
+    torch_compile: str = "off"
+    """``Generator``'s ``torch_compile`` (``options.COMPILE_MODES``): ``"auto"`` pays for a long job."""
 
     def generate_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``Generator.generate`` for every row."""
@@ -54,7 +56,7 @@ class BatchJob:
 
         return Generator(self.model, draft=self.draft, backend=self.backend, whitespace=self.whitespace,
                          loop_guard=self.loop_guard, device=self.device, dtype=self.dtype,
-                         max_batch_size=self.max_batch_size)
+                         max_batch_size=self.max_batch_size, torch_compile=self.torch_compile)
 
     def check(self) -> None:
         """Check the constraint up front: a bad one fails the job before any row, with its typed error."""

@@ -263,6 +263,10 @@ class EngineLoad:
     """Of the KV slots the step passes' attention read, the share holding a row's own token (the
     rest: a padded runner's left padding and holes, a ragged runner's shorter rows and spare
     positions)."""
+    compiled_steps: int = 0
+    """Of those forwards, the ones run through ``torch.compile`` (``models.compiled``)."""
+    compiled_active: bool = False
+    """Whether the forwards run compiled now (compiled, and no failure sent them back to eager)."""
 
 
 class BatchEngine:
@@ -339,11 +343,14 @@ class BatchEngine:
         with self._lock:
             running, waiting = len(self.scheduler.running), len(self.scheduler.waiting)
         prefixes = self.runner.prefixes
+        compiled = getattr(self.runner, "compiled", None)
         return EngineLoad(running, waiting, self.scheduler.max_batch_size,
                           self.stats.rows_stepped / max(1, self.stats.steps), prefixes.bytes if prefixes else 0,
                           self.stats.steps, self.stats.forward_seconds, self.stats.prefill_seconds,
                           self.runner.prefilled_positions,
-                          self.runner.attended_valid / max(1, self.runner.attended_slots))
+                          self.runner.attended_valid / max(1, self.runner.attended_slots),
+                          compiled.steps if compiled is not None else 0,
+                          compiled is not None and compiled.active)
 
     # --- background loop ----------------------------------------------------------------------
 

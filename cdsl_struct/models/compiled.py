@@ -16,9 +16,10 @@ eager server's 31-32 one request at a time, once the warm-up runs on a thread th
 (``api.on_own_thread``: a forward on the caller's thread had made the engine's steps 40 ms).
 
 Costs: compiling takes minutes on a small CPU (``warm`` does it at start over the shapes a server
-meets, one token, a prompt, several rows, several kept positions: two graphs, as a lone prompt runs
-through the several-kept one; ~100 s for SmolLM2 on two cores, every start: inductor's cache skips
-graphs holding prepacked oneDNN weights), inductor needs a C++ compiler, and the frozen graph
+meets, one token, a prompt, several rows, several kept positions: three graphs, ~140 s for
+SmolLM2 on two cores, every start: inductor's cache skips graphs holding prepacked oneDNN weights.
+Running a lone prompt through the several-kept graph saved a graph and 47 s of it, but served
+one request at a time 4-5% slower), inductor needs a C++ compiler, and the frozen graph
 keeps its own copy of the weights (changing the model's weights afterwards is not seen). Any
 failure to compile or run compiled logs a warning once and the runner goes on eagerly: the step
 is run again eagerly (it rewrites the same cache positions), so no request sees it.
@@ -97,18 +98,10 @@ class CompiledForward:
             return None
         import torch._inductor.config as inductor_config
 
-        keep = inputs.get("logits_to_keep")
-        # one kept position of several fed (a lone prompt) would be a graph of its own: keeping it
-        # twice runs it through the several-kept graph (one lm_head row more; ~45 s less warm-up)
-        doubled = isinstance(keep, torch.Tensor) and keep.numel() == 1 and inputs["input_ids"].shape[-1] > 1
-        if doubled:
-            inputs["logits_to_keep"] = keep.repeat(2)
         try:
             with inductor_config.patch(INDUCTOR_CONFIG):
                 out = self.compiled(**inputs)
             self.steps += 1
-            if doubled:
-                out.logits = out.logits[:, :1]
             return out
         except Exception as exc:  # noqa: BLE001 - any compiler or kernel error: the eager path answers
             self.failure = exc

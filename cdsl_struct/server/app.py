@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -349,6 +350,9 @@ def serve(host: str = "127.0.0.1", port: int = 8000, model: str = "smollm2", dra
                           compile_timeout=compile_timeout, device=device, dtype=dtype, max_batch_size=max_batch_size,
                           extra_properties=extra_properties, max_prompt_tokens=max_prompt_tokens,
                           torch_compile=torch_compile)
+    load = generator.load()
+    print(f"forward: {'torch.compile' if load.compiled_active else 'eager'} (torch_compile {torch_compile})",
+          file=sys.stderr, flush=True)
     app = create_app(generator, config)
     uvicorn.run(app, host=host, port=port, log_level=log_level,
                 timeout_graceful_shutdown=max(1, int(config.shutdown_grace)))

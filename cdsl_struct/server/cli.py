@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from ..generate_cli import add_device_arguments
-from ..options import BACKENDS, COMPILE_MODES, SERVE_TORCH_COMPILE, add_output_options
+from ..options import BACKENDS, SERVE_TORCH_COMPILE, add_output_options, add_torch_compile_option
 from .auth import API_KEY_ENV
 
 INSTALL_HINT = "cdsl-struct serve needs the server extra: pip install 'cdsl_struct[server]'"
@@ -33,11 +33,7 @@ def add_serve_parser(commands: Any) -> argparse.ArgumentParser:
     serve.add_argument("--backend", default="auto", choices=BACKENDS,
                        help="constraint engine (default auto)")
     add_output_options(serve)
-    serve.add_argument("--torch-compile", nargs="?", const="on", default=SERVE_TORCH_COMPILE, choices=COMPILE_MODES,
-                       help="run the batched forward through torch.compile (inductor): auto (the default) on the "
-                            "CPU where a C++ compiler is found, on (a bare --torch-compile) wherever it can, off. "
-                            "Compiling adds minutes to the start; on a 2-core CPU the server then runs 1.2x its "
-                            "eager rate (BENCHMARKS.md). Where it fails the server runs eagerly, with a warning")
+    add_torch_compile_option(serve, SERVE_TORCH_COMPILE)
     serve.add_argument("--compile-timeout", type=float, default=30.0,
                        help="seconds a constraint may take to compile; over it the request gets 400 (default 30)")
     serve.add_argument("--max-request-bytes", type=int, default=2 * 1024 * 1024,

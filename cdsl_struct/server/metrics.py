@@ -66,6 +66,10 @@ class Metrics:
             Gauge("cdsl_engine_attended_valid_share", "Share of the KV slots attention read that hold a row's own "
                   "token (the rest: padding, holes, spare positions)", registry=r).set_function(
                 lambda: load().attended_valid_share)
+            Gauge("cdsl_engine_compiled", "1 while the target's forward runs through torch.compile, else 0 "
+                  "(serve --torch-compile)", registry=r).set_function(lambda: float(load().compiled_active))
+            Gauge("cdsl_engine_compiled_steps", "Target forwards run compiled since start",
+                  registry=r).set_function(lambda: load().compiled_steps)
             Gauge("cdsl_prefix_cache_bytes", "Keys and values of stored prompt prefixes",
                   registry=r).set_function(lambda: load().prefix_cache_bytes)
         Gauge("cdsl_compile_cache_bytes", "Engine programs in the compile cache (their own estimate)",

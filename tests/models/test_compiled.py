@@ -41,7 +41,7 @@ def test_compiled_steps_match_solo_runs(model, compiled_runner):
     out = runner.run([Feed("d", b + [4, 4, 2], 1)])  # one row, one token
     assert close(out[0], solo(model, b + [4, 4, 2]))
     runner.release("b", "c", "d")
-    out = runner.run([Feed("e", prompt[:9], 1)])  # a lone prompt: its one kept position is kept twice inside
+    out = runner.run([Feed("e", prompt[:9], 1)])  # a lone prompt: one kept position of many fed
     assert out[0].shape[0] == 1 and close(out[0], solo(model, prompt[:9]))
     assert runner.compiled.active and runner.compiled.steps == steps + 6
     runner.release("e")
