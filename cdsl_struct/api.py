@@ -143,11 +143,11 @@ class Generator:
     steered out of the cycle instead of running to ``max_tokens`` (``decoding.loops``; target
     and speculative rows; it never loosens a constraint). ``torch_compile``: the batched target
     forward runs through ``torch.compile`` (``models.compiled``), compiled here before the
-    Generator returns (minutes on a small CPU). False / ``"off"`` (the
-    default here, for a quick start), True / ``"on"`` (where it cannot compile, a warning is logged
-    and decoding runs eagerly) or ``"auto"`` (``serve``'s default: compile on the CPU where inductor
-    finds a C++ compiler, else eager). On a 2-core CPU its steps are 1.1-1.26x faster and the
-    server one request at a time 1.2x (BENCHMARKS.md).
+    Generator returns (minutes on a small CPU): False / ``"off"`` (the default here, for a quick
+    start), True / ``"on"`` (where it cannot compile, a warning is logged and decoding runs
+    eagerly) or ``"auto"`` (``serve``'s default: compile on the CPU where inductor finds a C++
+    compiler, else eager). On a 2-core CPU its steps are 1.1-1.26x faster and the server one
+    request at a time 1.2x (BENCHMARKS.md).
     """
 
     def __init__(self, model: str | LoadedModel = "smollm2", *, draft: str | None = "auto",

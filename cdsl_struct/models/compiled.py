@@ -28,7 +28,9 @@ is run again eagerly (it rewrites the same cache positions), so no request sees 
 from __future__ import annotations
 
 import logging
+import sysconfig
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -143,8 +145,8 @@ def compile_mode(value: bool | str | None) -> str:
 
 def why_not_compiled(runner: Any) -> str | None:
     """Why ``"auto"`` leaves ``runner`` eager, or None where it compiles: only a ragged runner on the
-    CPU with a C++ compiler (the case measured; inductor on a GPU needs triton and is not measured
-    here)."""
+    CPU with a C++ compiler and the Python headers (the case measured; inductor on a GPU needs
+    triton and is not measured here)."""
     if not getattr(runner, "ragged", False):
         return f"{type(runner).__name__} has no ragged steps to compile"
     device = getattr(runner, "device", None)
@@ -156,6 +158,9 @@ def why_not_compiled(runner: Any) -> str | None:
         get_cpp_compiler()
     except Exception as exc:  # noqa: BLE001 - inductor raises its own types for a missing or broken compiler
         return f"no C++ compiler for inductor ({type(exc).__name__}: {exc})"
+    headers = Path(sysconfig.get_path("include"))
+    if not (headers / "Python.h").exists():  # inductor builds each graph's kernels as a Python extension
+        return f"no Python.h in {headers} for inductor's extensions (install the Python development headers)"
     return None
 
 

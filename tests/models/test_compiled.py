@@ -91,7 +91,7 @@ def test_compile_modes_are_named_and_a_bad_one_raises():
         compile_mode("fast")
 
 
-def test_auto_compiles_a_ragged_cpu_runner_only_where_a_cxx_is_found(model, caplog):
+def test_auto_compiles_a_ragged_cpu_runner_only_where_a_cxx_is_found(model, caplog, monkeypatch, tmp_path):
     runner = RaggedRunner(model, prefix_cache_bytes=0)
     assert why_not_compiled(runner) is None  # this machine has g++, as the compiled tests above need
     assert "no ragged steps" in why_not_compiled(BatchRunner(model))
@@ -100,6 +100,8 @@ def test_auto_compiles_a_ragged_cpu_runner_only_where_a_cxx_is_found(model, capl
         with caplog.at_level(logging.INFO, logger="cdsl_struct.models.compiled"):
             assert not compile_for(runner, "auto")
     assert runner.compiled is None and "running eagerly: no C++ compiler" in caplog.text
+    monkeypatch.setattr("sysconfig.get_path", lambda name, *args, **kwargs: str(tmp_path))  # no Python.h there
+    assert "no Python.h" in why_not_compiled(runner)
     assert not compile_for(runner, "off") and runner.compiled is None
     out = runner.run([Feed("a", [1, 2, 3], 1)])
     assert close(out[0], solo(model, [1, 2, 3]))
