@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..heap import freeze_loaded_objects
 from .files import id_key, parse_row
 from .settings import BatchJob
 
@@ -33,6 +34,7 @@ class DecodeActor:
             torch.set_num_threads(threads)
         self.job = BatchJob.from_dict(job)
         self.generator = self.job.generator()
+        freeze_loaded_objects()
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[str]]:
         from .rows import decode_chunk

@@ -26,6 +26,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from ..constraints.whitespace import DEFAULT_WHITESPACE
 from ..errors import CompileTimeout
+from ..heap import freeze_loaded_objects
 from ..options import SERVE_TORCH_COMPILE
 from ..tools import CallStream
 from . import responses
@@ -353,6 +354,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000, model: str = "smollm2", dra
     load = generator.load()
     print(f"forward: {'torch.compile' if load.compiled_active else 'eager'} (torch_compile {torch_compile})",
           file=sys.stderr, flush=True)
+    freeze_loaded_objects()
     app = create_app(generator, config)
     uvicorn.run(app, host=host, port=port, log_level=log_level,
                 timeout_graceful_shutdown=max(1, int(config.shutdown_grace)))

@@ -22,3 +22,30 @@ def test_arenas_are_capped_by_default_and_by_the_variable(monkeypatch):
 def test_no_cap_when_switched_off_or_set_by_glibcs_own_variable(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
     assert bound_malloc_arenas() is None
+
+
+def test_serve_freezes_what_loading_made_before_it_listens(monkeypatch):
+    """A full collection over a loaded, compiled model's ~1M objects held the GIL for 0.5-1.2 s
+    mid-load (BENCHMARKS.md): serve freezes them once the model is loaded, before uvicorn starts."""
+    import gc
+    from types import SimpleNamespace
+
+    from cdsl_struct.server import app
+
+    events = []
+
+    class LoadedGenerator:
+        def __init__(self, *args, **kwargs):
+            events.append("load")
+
+        def load(self):
+            return SimpleNamespace(compiled_active=False)
+
+    monkeypatch.setattr("cdsl_struct.api.Generator", LoadedGenerator)
+    monkeypatch.setattr(app, "create_app", lambda generator, config: generator)
+    monkeypatch.setattr("uvicorn.run", lambda *args, **kwargs: events.append(("listen", gc.get_freeze_count())))
+    try:
+        app.serve(port=0, torch_compile="off")
+    finally:
+        gc.unfreeze()
+    assert events[0] == "load" and events[1][0] == "listen" and events[1][1] > 0
