@@ -26,7 +26,7 @@ def test_no_cap_when_switched_off_or_set_by_glibcs_own_variable(monkeypatch, nam
 
 def test_serve_freezes_what_loading_made_before_it_listens(monkeypatch):
     """A full collection over a loaded, compiled model's ~1M objects held the GIL for 0.5-1.2 s
-    mid-load (BENCHMARKS.md): serve freezes them once the model is loaded, before uvicorn starts."""
+    under load (BENCHMARKS.md): serve freezes them once the model is loaded, before uvicorn starts."""
     import gc
     from types import SimpleNamespace
 
