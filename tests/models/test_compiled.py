@@ -7,12 +7,19 @@ compiler. One compiled runner for the module (compiling costs seconds)."""
 import logging
 
 import pytest
+import torch
 import torch._inductor.config as inductor_config
 
 from cdsl_struct.models.batch import BatchRunner, Feed
-from cdsl_struct.models.compiled import compile_for, compile_mode, compile_runner, why_not_compiled
+from cdsl_struct.models.compiled import (
+    compile_for,
+    compile_mode,
+    compile_runner,
+    identity_guards_only,
+    why_not_compiled,
+)
 from cdsl_struct.models.ragged import GROUPED_QUERIES, RaggedRunner
-from tests.models.solo import close, solo
+from tests.models.solo import close, solo, tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +52,51 @@ def test_compiled_steps_match_solo_runs(model, compiled_runner):
     assert out[0].shape[0] == 1 and close(out[0], solo(model, prompt[:9]))
     assert runner.compiled.active and runner.compiled.steps == steps + 6
     runner.release("e")
+
+
+def test_a_step_runs_four_linear_kernels_a_layer(model, compiled_runner):
+    """Query, key and value run as one matmul, gate and up as another (inductor's concat-linear)."""
+    compiled_runner.run([Feed("p", [1, 2, 3], 1)])
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        compiled_runner.run([Feed("p", [1, 2, 3, 4], 1)])
+    linears = [e.name for e in prof.events() if "linear" in e.name or e.name in ("aten::mm", "aten::addmm")]
+    assert len(linears) == 4 * model.config.num_hidden_layers + 1, linears  # and the LM head
+    compiled_runner.release("p")
+
+
+def test_two_models_of_one_class_each_run_their_own_weights(model, compiled_runner):
+    """The guard filter keeps the weights' identity guards: dynamo keeps compiled graphs per code
+    object, so without them a second model of the class ran the first one's frozen graph."""
+    other = tiny_llama()
+    with torch.no_grad():
+        for parameter in other.parameters():
+            parameter.mul_(-1.5)
+    runner = RaggedRunner(other, prefix_cache_bytes=0)
+    assert compile_runner(runner)
+    seq = [1, 2, 3, 4, 5]
+    theirs, ours = runner.run([Feed("a", seq, 1)])[0], compiled_runner.run([Feed("a", seq, 1)])[0]
+    assert close(theirs, solo(other, seq)) and close(ours, solo(model, seq)) and not close(theirs, ours)
+    compiled_runner.release("a")
+
+
+def test_the_guard_filter_drops_module_guards_but_keeps_identities_and_inputs():
+    model = tiny_llama()  # a model no graph was compiled for yet: its first step compiles
+    entries = []
+
+    def recording(guards):
+        entries.extend(zip(guards, identity_guards_only(guards), strict=True))
+        return [keep for _, keep in entries[-len(guards):]]
+
+    runner = RaggedRunner(model, prefix_cache_bytes=0)
+    runner.compile(warm_up=False)
+    runner.compiled.compiled = torch.compile(model, dynamic=True, options={"guard_filter_fn": recording})
+    runner.run([Feed("a", [1, 2, 3], 1)])
+    on_modules = [(e, keep) for e, keep in entries if e.orig_guard.source.is_unspecialized_nn_module()]
+    assert any(not keep for _, keep in on_modules)  # the type, hook and attribute guards of the submodules
+    assert all(keep for e, keep in on_modules if e.guard_type == "ID_MATCH")
+    assert sum(e.guard_type == "ID_MATCH" for e, _ in on_modules) >= len(list(model.parameters()))
+    assert all(keep for e, keep in entries if e.name.startswith("kwargs["))  # the step's inputs
+    runner.release("a")
 
 
 def test_a_failing_compiled_forward_falls_back_to_eager_and_loses_no_step(model, caplog):
