@@ -14,6 +14,9 @@ Measured (BENCHMARKS.md, "torch.compile of the ragged step"): steps are 1.1-1.26
 (``bench steps --torch-compile``), and ``serve --torch-compile`` runs 25.6 ms a step against the
 eager server's 31-32 one request at a time, once the warm-up runs on a thread that ends
 (``api.on_own_thread``: a forward on the caller's thread had made the engine's steps 40 ms).
+Two settings took a one-row step from ~26 to ~22 ms more ("Fewer calls a step", issue 24): the
+projections that share an input run as one matmul (``INDUCTOR_CONFIG``), and dynamo checks the
+weights' identities but not the type and attributes of every submodule (``identity_guards_only``).
 
 Costs: compiling takes minutes on a small CPU (``warm`` does it at start over the shapes a server
 meets, one token, a prompt, several rows, several kept positions: three graphs, ~140 s for
@@ -82,7 +85,7 @@ def identity_guards_only(entries: list[Any]) -> list[bool]:
     """Dynamo's guard filter for the compiled forward: of the guards on the model's modules, keep only
     the identity ones (``ID_MATCH``: which parameter object each weight is); keep every other guard.
 
-    A transformers model has a dozen guards on each of its hundreds of submodules (their types, hook
+    A transformers model has a dozen or more guards on each of its submodules (their types, hook
     dicts, attributes): ~1.5 ms of guard checks before every SmolLM2 step, 5-6% of a one-row step.
     The runner owns the model and changes none of that after compiling. The identity guards stay
     because they are what tells two models of one class apart (dynamo keeps compiled graphs per code
@@ -101,7 +104,10 @@ class CompiledForward:
     def __init__(self, model: Any) -> None:
         self.model = model
         self.releases_gil = release_gil_in_cpu_kernels()
-        self.compiled = torch.compile(model, dynamic=True, options={"guard_filter_fn": identity_guards_only})
+        # guard filters came with the torch that has torch's own filters; an older one would refuse the option
+        filters = hasattr(torch.compiler, "skip_guard_on_all_nn_modules_unsafe")
+        self.compiled = torch.compile(model, dynamic=True,
+                                      options={"guard_filter_fn": identity_guards_only} if filters else None)
         self.failure: BaseException | None = None
         self.warm_seconds = 0.0
         self.steps = 0
