@@ -1,5 +1,7 @@
 """A RaggedRunner's steps through torch.compile (``models.compiled``) on a tiny random Llama: the
 compiled steps give a solo run's logits through joins, speculation, crops, leaves and forks; a
+step runs four linear kernels a layer (fused projections); two models of one class each run their
+own weights, the guard filter keeping the weights' identity guards and dropping the rest on modules; a
 failing compiled forward falls back to eager without losing the step; runners without ragged
 steps stay eager; ``"auto"`` compiles only a ragged runner on the CPU where inductor finds a C++
 compiler. One compiled runner for the module (compiling costs seconds)."""
