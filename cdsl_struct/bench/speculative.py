@@ -25,6 +25,7 @@ import torch
 from ..constraints import Grammar, JsonSchema, Regex, allocate_bitmask, apply_bitmask, compile
 from ..decoding import build_proposers, decode
 from ..models import ModelRunner, load_model, self_draft
+from ..models.device import cpu_has_native_bf16, model_device
 from ..options import DEFAULT_WHITESPACE
 from .maskbench import read_jsonl
 
@@ -123,6 +124,15 @@ class OutlinesCoreLogitsProcessor:
         return apply_bitmask(scores, self.mask)
 
 
+def hf_assistant_kind(model: Any) -> str:
+    """The self-draft transformers' assisted generation gets as its assistant: the target's weights
+    in bfloat16 where bfloat16 is native (a GPU, a CPU with AVX-512 BF16 or AMX), else in int8
+    (an emulated bfloat16 assistant would only slow the baseline down)."""
+    if model_device(model).type != "cpu" or cpu_has_native_bf16():
+        return "bf16"
+    return "int8"
+
+
 def run_speculative_bench(tasks: list[dict[str, Any]], config: SpeculativeConfig,
                           progress: bool = True) -> dict[str, Any]:
     """Run (a)-(d) for every task, interleaved; return ``{"runs": [...], "summary": {...}}``."""
@@ -132,7 +142,7 @@ def run_speculative_bench(tasks: list[dict[str, Any]], config: SpeculativeConfig
     tokenizer, model = loaded.tokenizer, loaded.model
     target = ModelRunner(model)
     proposers = build_proposers(config.draft, model, target_tokenizer=tokenizer)
-    assistant = self_draft(model, "bf16") if config.with_hf else None
+    assistant = self_draft(model, hf_assistant_kind(model)) if config.with_hf else None
     prepared = []
     for task in tasks:
         spec = spec_of(task)
@@ -165,7 +175,10 @@ def run_speculative_bench(tasks: list[dict[str, Any]], config: SpeculativeConfig
                 row["hf_assisted"] = _hf_generate(model, tokenizer, prompt, config.max_tokens, None, assistant,
                                                   vocab_size)
             runs.append(row)
-    return {"runs": runs, "summary": summarise(runs, config)}
+    summary = summarise(runs, config)
+    if config.with_hf:
+        summary["hf_assistant"] = hf_assistant_kind(model)
+    return {"runs": runs, "summary": summary}
 
 
 def summarise(runs: list[dict[str, Any]], config: SpeculativeConfig) -> dict[str, Any]:
@@ -320,7 +333,7 @@ def _hf_generate(model: Any, tokenizer: Any, prompt: list[int], max_tokens: int,
         return None
     from transformers import LogitsProcessorList
 
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=model_device(model))
     kwargs: dict[str, Any] = {"max_new_tokens": max_tokens, "do_sample": False}
     if index is not None:
         kwargs["logits_processor"] = LogitsProcessorList([OutlinesCoreLogitsProcessor(index, vocab_size, len(prompt))])

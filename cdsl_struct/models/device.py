@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from typing import Any
 
 from ..errors import CdslError
+
+logger = logging.getLogger(__name__)
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "cuda:N", "mps")
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
@@ -84,6 +87,27 @@ def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     if override in ("0", "1"):
         return override == "1"
     return _cpu_flags_name_bf16(cpuinfo)
+
+
+def note_emulated_bf16(dtype: Any, device: Any, what: str = "the model") -> bool:
+    """Say once per process (a logged warning) that bfloat16 on this CPU is emulated, where it is.
+
+    bfloat16 runs on every CPU (the linears take the stock kernels where oneDNN has no bfloat16
+    path: ``models.packed``), but without native instructions it is slower than float32, not
+    faster (measured on an AVX2-only EPYC: a 64-token SmolLM2 prefill about 5x float32's time).
+    Whether it warned."""
+    import torch
+
+    if dtype != torch.bfloat16 or device.type != "cpu" or cpu_has_native_bf16() or _emulated_noted:
+        return False
+    _emulated_noted.append(what)
+    logger.warning("%s runs in bfloat16 on a CPU without native bfloat16 (none of %s): it works, by conversion, "
+                   "but slower than float32; use dtype='float32' (what dtype='auto' picks here), and "
+                   "draft='lookup' or 'int8' rather than 'bf16'", what, ", ".join(sorted(NATIVE_BF16_FLAGS)))
+    return True
+
+
+_emulated_noted: list[str] = []
 
 
 @functools.cache

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import CdslError
 from ..paths import cache_dir
-from .device import model_device, resolve_device, resolve_dtype
+from .device import model_device, note_emulated_bf16, resolve_device, resolve_dtype
 from .tokenizers import load_tokenizer, smollm2_gguf_path
 
 DEFAULT_MODEL = "smollm2"
@@ -93,6 +93,7 @@ def load_model(spec: str | Path = DEFAULT_MODEL, *, device: Any = "auto", dtype:
     except Exception as exc:  # OSError, ValueError, hub errors
         raise ModelNotFound(f"could not load model {name!r}: {exc}") from exc
     model.to(target_device).eval()
+    note_emulated_bf16(dtype, target_device, f"model {name!r}")
     if pack and target_device.type == "cpu":
         from .attention import use_decode_attention
         from .packed import pack_linears

@@ -12,7 +12,8 @@ at 16 rows, 10.5 ms -> 5.1 ms at one; 1.7x on the decoder layers' shapes at 16 r
 only ``forward`` changes. The packed copy is made on the first CPU forward and remade when the
 weight changes (its storage, version or dtype: ``model.to(torch.bfloat16)`` repacks), so it
 costs one more copy of the weights in memory. Anything the packed kernel does not serve (a GPU,
-float16, autograd, a forward being traced by ``torch.compile``, whose inductor prepacks frozen weights
+float16, bfloat16 on a CPU without oneDNN's bfloat16 path such as an AVX2-only one:
+``packable_dtypes``, autograd, a forward being traced by ``torch.compile``, whose inductor prepacks frozen weights
 itself) runs the stock ``nn.Linear`` path. Results stay float32 (or bfloat16)
 matmuls, summed in a different order than MKL's GEMM: equal to ~1e-4 absolute, not bitwise.
 
@@ -26,6 +27,9 @@ one row, bf16). A sibling called with another input, or twice with one, computes
 
 from __future__ import annotations
 
+import functools
+import logging
+import os
 import threading
 import weakref
 from typing import Any
@@ -33,7 +37,8 @@ from typing import Any
 import torch
 from torch import nn
 
-_PACKED_DTYPES = (torch.float32, torch.bfloat16)
+logger = logging.getLogger(__name__)
+
 #: the batch size oneDNN is told to expect when it picks the packed layout (rows x positions of a step)
 _ROWS_HINT = 16
 #: child names of sibling projections that read one input, packed as one matrix
@@ -54,21 +59,73 @@ def packing_available() -> bool:
         return False
 
 
+def packable_dtypes() -> frozenset[torch.dtype]:
+    """The weight dtypes oneDNN's prepacked kernels serve on this CPU (empty: pack nothing).
+
+    float32 wherever the kernels exist (``packing_available``); bfloat16 only where oneDNN has a
+    bfloat16 path on this CPU (AVX-512 BW/VL/DQ or AVX-NE-CONVERT: ``torch.ops.mkldnn.
+    _is_mkldnn_bf16_supported``); an AVX2-only CPU refuses to reorder a bfloat16 weight, and its
+    bfloat16 linears take the stock path. ``CDSL_PACK=0`` packs nothing (the stock path
+    everywhere, e.g. to test it on a CPU that packs). A function so tests can pose as another CPU."""
+    return _packable_dtypes(os.environ.get("CDSL_PACK", "") == "0")
+
+
+@functools.cache
+def _packable_dtypes(off: bool) -> frozenset[torch.dtype]:
+    if off or not packing_available():
+        return frozenset()
+    dtypes = {torch.float32}
+    try:
+        if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            dtypes.add(torch.bfloat16)
+    except (AttributeError, RuntimeError):
+        pass
+    return frozenset(dtypes)
+
+
+_refused: set[torch.dtype] = set()
+"""dtypes whose weight oneDNN refused to reorder though ``packable_dtypes`` named them: stock path from then on"""
+
+
+def _reorder(weight: torch.Tensor) -> torch.Tensor | None:
+    """oneDNN's prepacked copy of ``weight``, or None where oneDNN refuses its dtype on this CPU
+    (logged once; that dtype's linears take the stock path from then on, never a failed request)."""
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight(weight, _ROWS_HINT)
+    except RuntimeError as exc:
+        if weight.dtype not in _refused:
+            _refused.add(weight.dtype)
+            logger.warning("oneDNN cannot prepack %s weights on this CPU (%s); those linear layers run "
+                           "unpacked", weight.dtype, exc)
+        return None
+
+
+def _packs(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a linear of ``weight`` on input ``x`` runs on prepacked weights (else the stock path)."""
+    return (not torch.compiler.is_compiling() and x.device.type == "cpu" and weight.device.type == "cpu"
+            and x.dtype == weight.dtype and x.dtype in packable_dtypes() and x.dtype not in _refused
+            and not torch.is_grad_enabled())
+
+
 class PackedLinear(nn.Linear):
-    """An ``nn.Linear`` whose CPU forward multiplies by a prepacked copy of its weight."""
+    """An ``nn.Linear`` whose CPU forward multiplies by a prepacked copy of its weight (where this
+    CPU packs its dtype: ``packable_dtypes``; elsewhere the stock ``nn.Linear`` forward)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight
-        if (torch.compiler.is_compiling() or x.device.type != "cpu" or x.dtype not in _PACKED_DTYPES
-                or x.dtype != weight.dtype or torch.is_grad_enabled() or weight.device.type != "cpu"):
+        if not _packs(x, weight):
             return super().forward(x)
         fused = _fused.get(self)
         if fused is not None:
-            return fused[0].forward(fused[1], x)
+            out = fused[0].forward(fused[1], x)
+            return super().forward(x) if out is None else out
         key = (weight.data_ptr(), weight._version, weight.dtype)
         entry = _packed.get(self)
         if entry is None or entry[0] != key:
-            entry = (key, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _ROWS_HINT))
+            packed = _reorder(weight.detach())
+            if packed is None:
+                return super().forward(x)
+            entry = (key, packed)
             _packed[self] = entry
         shape = x.shape
         out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]), entry[1], self.bias, "none", [None], "")
@@ -89,24 +146,29 @@ class _FusedSiblings:
         self.spans = list(zip(bounds, bounds[1:], strict=False))
         self.last = threading.local()  # (input, output, members served): one forward per thread
 
-    def forward(self, index: int, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, index: int, x: torch.Tensor) -> torch.Tensor | None:
+        """Member ``index``'s output for ``x``; None where oneDNN refused to pack the weights."""
         last = getattr(self.last, "value", None)
         if last is None or last[0] is not x or index in last[2]:
-            last = (x, self._all(x), set())
+            out = self._all(x)
+            if out is None:
+                return None
+            last = (x, out, set())
         last[2].add(index)
         self.last.value = None if len(last[2]) == len(self.members) else last  # all served: let go
         start, end = self.spans[index]
         return last[1][..., start:end]
 
-    def _all(self, x: torch.Tensor) -> torch.Tensor:
+    def _all(self, x: torch.Tensor) -> torch.Tensor | None:
         members = [ref() for ref in self.members]
         if any(m is None for m in members):
             raise RuntimeError("a fused projection's sibling was deleted")
         weights = [m.weight for m in members]
         key = tuple((w.data_ptr(), w._version, w.dtype) for w in weights)
         if key != self.key:
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(torch.cat([w.detach() for w in weights]),
-                                                                  _ROWS_HINT)
+            self.packed = _reorder(torch.cat([w.detach() for w in weights]))
+            if self.packed is None:
+                return None
             biases = [m.bias for m in members]
             self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
             self.key = key
@@ -139,8 +201,10 @@ def _fuse_siblings(model: Any) -> int:
 def pack_linears(model: Any) -> int:
     """Switch every plain ``nn.Linear`` of ``model`` to ``PackedLinear`` in place; how many.
 
-    Does nothing (returns 0) where this torch build lacks the kernels."""
-    if not packing_available():
+    Does nothing (returns 0) where this CPU packs no dtype (``packable_dtypes``). A model of a
+    dtype this CPU does not pack (bfloat16 without AVX-512) is switched all the same and runs the
+    stock path: cast to float32 later, it packs."""
+    if not packable_dtypes():
         return 0
     count = 0
     for module in model.modules():

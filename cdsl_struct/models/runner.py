@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..errors import CdslError, IncompatibleTokenizers
-from .device import model_device
+from .device import model_device, note_emulated_bf16
 from .packed import unpack_linears
 
 
@@ -103,6 +103,7 @@ def self_draft(model: Any, kind: str) -> Any:
     the final norm and LM head (weights shared with the target, nothing copied).
     """
     if kind == "bf16":
+        note_emulated_bf16(torch.bfloat16, model_device(model), "the bf16 self-draft")
         return copy.deepcopy(model).to(torch.bfloat16).eval()
     if kind == "int8":
         import warnings

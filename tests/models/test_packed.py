@@ -8,7 +8,16 @@ import pytest
 import torch
 from torch import nn
 
-from cdsl_struct.models.packed import PackedLinear, _fused, _packed, pack_linears, packing_available, unpack_linears
+from cdsl_struct.models import packed
+from cdsl_struct.models.packed import (
+    PackedLinear,
+    _fused,
+    _packed,
+    pack_linears,
+    packable_dtypes,
+    packing_available,
+    unpack_linears,
+)
 from cdsl_struct.models.runner import self_draft
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN")
@@ -111,6 +120,71 @@ def test_siblings_that_cannot_share_a_matrix_stay_apart():
     pack_linears(block)
     assert not any(m in _fused for m in (block.q_proj, block.k_proj, block.v_proj))
     assert block.gate_proj in _fused and block.up_proj in _fused
+
+
+def _bf16_outputs(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    model.to(torch.bfloat16)
+    with torch.inference_mode():
+        out = model(x.bfloat16())
+        return [out, *model(x.bfloat16())] if isinstance(out, torch.Tensor) else [*out, *model(x.bfloat16())]
+
+
+def _plain_copy(model: nn.Module) -> nn.Module:
+    plain = copy.deepcopy(model)
+    unpack_linears(plain)
+    return plain
+
+
+def test_bf16_takes_the_stock_path_where_this_cpu_packs_no_bf16(monkeypatch):
+    """An AVX2-only CPU (oneDNN has no bfloat16 path there): bfloat16 linears are never handed to
+    oneDNN, and give exactly what plain ``nn.Linear`` gives; float32 still packs."""
+    monkeypatch.setattr(packed, "packable_dtypes", lambda: frozenset({torch.float32}))
+    reordered = []
+    real = packed._reorder
+    monkeypatch.setattr(packed, "_reorder", lambda weight: reordered.append(weight.dtype) or real(weight))
+    for model, x in ((_mlp(), torch.randn(3, 64)), (_Block().eval(), torch.randn(2, 32))):
+        pack_linears(model)
+        plain = _plain_copy(model)
+        with torch.inference_mode():
+            model(x)
+        assert reordered == [torch.float32] * len(reordered) and reordered
+        for got, expected in zip(_bf16_outputs(model, x), _bf16_outputs(plain, x), strict=True):
+            assert got.dtype is torch.bfloat16
+            torch.testing.assert_close(got, expected, atol=0, rtol=0)
+        assert reordered == [torch.float32] * len(reordered)
+
+
+def test_a_dtype_onednn_refuses_falls_back_once_with_a_warning(monkeypatch, caplog):
+    """Where oneDNN refuses a weight that ``packable_dtypes`` promised (as it refuses bfloat16 on an
+    AVX2-only CPU), the forward still answers, on the stock path, and says so once."""
+    monkeypatch.setattr(packed, "packable_dtypes", lambda: frozenset({torch.float32, torch.bfloat16}))
+    monkeypatch.setattr(packed, "_refused", set())
+
+    def refuse(weight: torch.Tensor, rows: int) -> torch.Tensor:
+        raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx512bw")
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refuse)
+    for model, x in ((_mlp(), torch.randn(3, 64)), (_Block().eval(), torch.randn(2, 32))):
+        pack_linears(model)
+        plain = _plain_copy(model)
+        with caplog.at_level("WARNING", logger=packed.__name__):
+            for got, expected in zip(_bf16_outputs(model, x), _bf16_outputs(plain, x), strict=True):
+                torch.testing.assert_close(got, expected, atol=0, rtol=0)
+    warnings = [r for r in caplog.records if "cannot prepack" in r.getMessage()]
+    assert len(warnings) == 1 and "bfloat16" in warnings[0].getMessage()
+    assert packed._refused == {torch.bfloat16}
+
+
+def test_this_cpu_packs_bf16_only_where_onednn_has_its_path():
+    assert torch.float32 in packable_dtypes()
+    assert (torch.bfloat16 in packable_dtypes()) == torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def test_pack_off_packs_nothing(monkeypatch):
+    monkeypatch.setenv("CDSL_PACK", "0")
+    model = _mlp()
+    assert packable_dtypes() == frozenset() and pack_linears(model) == 0
+    assert all(type(m) is nn.Linear for m in model if isinstance(m, nn.Linear))
 
 
 def test_the_loaded_model_is_packed_and_its_int8_draft_still_quantises(smollm2):
