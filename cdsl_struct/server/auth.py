@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import hmac
+from typing import TYPE_CHECKING
 
-from starlette.types import ASGIApp, Receive, Scope, Send
-
-from .errors import APIError
+if TYPE_CHECKING:  # the CLI imports this module for API_KEY_ENV, without the server extra installed
+    from starlette.types import ASGIApp, Receive, Scope, Send
 
 API_KEY_ENV = "CDSL_STRUCT_API_KEY"
 """The environment variable ``cdsl-struct serve`` reads the key from when ``--api-key`` is not given."""
@@ -25,6 +25,8 @@ class ApiKeyAuth:
         if scope["type"] == "http" and scope.get("path", "").startswith("/v1"):
             given = dict(scope.get("headers") or []).get(b"authorization", b"")
             if not hmac.compare_digest(given, self._expected):
+                from .errors import APIError
+
                 error = APIError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
                                  type="invalid_request_error", code="invalid_api_key")
                 await error.response()(scope, receive, send)

@@ -49,3 +49,26 @@ def test_serve_freezes_what_loading_made_before_it_listens(monkeypatch):
     finally:
         gc.unfreeze()
     assert events[0] == "load" and events[1][0] == "listen" and events[1][1] > 0
+
+
+def test_every_other_command_starts_without_the_server_extra():
+    """``cdsl-struct bench ...`` on a GPU box without fastapi failed at start: the CLI imported the
+    server. Here fastapi, starlette and uvicorn cannot be imported; the bench and generate
+    commands still parse, and nothing of the server's web stack gets loaded."""
+    import subprocess
+
+    code = (
+        "import sys\n"
+        "for name in ('fastapi', 'starlette', 'uvicorn', 'sse_starlette', 'opentelemetry'):\n"
+        "    sys.modules[name] = None\n"
+        "from cdsl_struct.cli import main\n"
+        "for argv in (['bench', 'throughput', '--help'], ['bench', 'speculative', '--help'], ['generate', '--help']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit as exc:\n"
+        "        assert exc.code == 0, (argv, exc.code)\n"
+        "print('started')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().endswith("started")
