@@ -42,8 +42,8 @@ from .decoding.stops import StopHoldback
 from .errors import CdslError, InvalidArgument, PromptTooLong
 from .models.compiled import compile_for, compile_mode
 from .models.loading import LoadedModel, load_model
-from .models.ragged import batch_runner
 from .models.runner import ModelRunner, self_draft
+from .models.self_check import batch_runner
 from .options import Method, one_constraint
 from .params import GenerationParams, ParamOverrides
 from .prompts import prompt_ids

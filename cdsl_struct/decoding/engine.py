@@ -44,8 +44,19 @@ from ..models.ragged import RaggedRunner
 from ..models.runner import ModelRunner
 from ..result import DecodeStats, Result
 from .logprobs import MAX_TOP_LOGPROBS, token_logprobs
-from .loop import MAX_FORCED, Proposal, Proposer, Session, commit, fill_deferred_masks, finish, propose, truncate
-from .loops import guard_loops
+from .loop import (
+    MAX_FORCED,
+    Proposal,
+    Proposer,
+    Session,
+    commit,
+    fill_deferred_masks,
+    finish,
+    greedy_choices,
+    propose,
+    truncate,
+)
+from .loops import loop_bans, penalise
 from .penalties import Penalties
 from .programs import Programs
 from .sampling import SamplingParams
@@ -210,9 +221,17 @@ class Scheduler:
         return admitted
 
 
+#: the phases of a step whose time ``EngineStats.phase_seconds`` adds up: admitting rows, proposing
+#: (drafts included), the target forward, waiting for masks the forward did not hide, masking and
+#: choosing tokens (and reading them back), verifying and committing row by row, and what follows
+#: a commit (stop strings, callbacks, ending rows)
+PHASES = ("schedule", "propose", "forward", "masks", "sample", "commit", "stream")
+
+
 @dataclass
 class EngineStats:
-    """Engine-wide counters: steps, rows per step, and how much mask time the forward hid."""
+    """Engine-wide counters: steps, rows per step, how much mask time the forward hid, and where
+    a step's time goes (``phase_seconds``, by ``PHASES``)."""
 
     steps: int = 0
     rows_stepped: int = 0
@@ -221,6 +240,7 @@ class EngineStats:
     prefill_seconds: float = 0.0
     mask_seconds: float = 0.0
     mask_wait_seconds: float = 0.0
+    phase_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
     @property
     def mask_hidden_share(self) -> float:
@@ -267,6 +287,9 @@ class EngineLoad:
     """Of those forwards, the ones run through ``torch.compile`` (``models.compiled``)."""
     compiled_active: bool = False
     """Whether the forwards run compiled now (compiled, and no failure sent them back to eager)."""
+    runner_fallback: str | None = None
+    """Why the target runs on the padded runner although the ragged one was wanted (the ragged
+    runner failed its load-time self-check: ``models.self_check``), or None."""
 
 
 class BatchEngine:
@@ -294,6 +317,7 @@ class BatchEngine:
         self.stats = EngineStats()
         self.programs = Programs(runner, lambda row, error: self._end(row, error=error))
         self._bitmask: torch.Tensor | None = None  # [rows x positions, words], reused every step
+        self._mask_workers = mask_workers
         self._pool = ThreadPoolExecutor(mask_workers, thread_name_prefix="cdsl-mask") if mask_workers else None
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -350,7 +374,7 @@ class BatchEngine:
                           self.runner.prefilled_positions,
                           self.runner.attended_valid / max(1, self.runner.attended_slots),
                           compiled.steps if compiled is not None else 0,
-                          compiled is not None and compiled.active)
+                          compiled is not None and compiled.active, getattr(self.runner, "fallback_reason", None))
 
     # --- background loop ----------------------------------------------------------------------
 
@@ -406,7 +430,11 @@ class BatchEngine:
 
     def step(self) -> None:
         """Admit what fits, then one propose / forward / verify round over the running rows."""
+        phases = self.stats.phase_seconds
+        started = time.perf_counter()
         self._admit()
+        admitted = time.perf_counter()
+        phases["schedule"] += admitted - started
         rows: list[tuple[Row, Proposal]] = []
         steered: list[Row] = []
         ended: list[tuple[Row, list[int]]] = []
@@ -425,9 +453,12 @@ class BatchEngine:
             except Exception as exc:  # noqa: BLE001 - the row ends with its own error
                 self._end(row, error=exc)
         ended += self.programs.run_drafts(steered)
+        phases["propose"] += time.perf_counter() - admitted
         self._forward(rows, [r for r in steered if r.program is not None])
+        streamed = time.perf_counter()
         for row, committed in ended:
             self._after_commit(row, committed)
+        phases["stream"] += time.perf_counter() - streamed
 
     def _admit(self) -> None:
         with self._lock:
@@ -460,6 +491,7 @@ class BatchEngine:
         started = time.perf_counter()
         logits = self.runner.run(feeds + [f for row_feeds in program_feeds for f in row_feeds])
         forward = time.perf_counter() - started
+        self.stats.phase_seconds["forward"] += forward
         if self.width is not None:
             self.width.observe_pass(self.runner.last_positions, forward - self.runner.last_prefill_seconds)
         masks_ok = self._wait_masks(rows, blocks, pending, mask_before)
@@ -507,44 +539,57 @@ class BatchEngine:
         return list(torch.split(self._bitmask[:need], sizes)) if rows else []
 
     def _masks_async(self, rows: list[tuple[Row, Proposal]], blocks: list[torch.Tensor]) -> list[Any]:
-        if self._pool is None:
-            return [None] * len(rows)
-        return [self._pool.submit(fill_deferred_masks, r.session, p, block)
-                for (r, p), block in zip(rows, blocks, strict=True)]
+        """Queue the rows' deferred masks on the mask threads, one task per thread (a task per row
+        cost more in hand-offs than its mask at 64 rows); each task's per-row errors come back."""
+        if self._pool is None or not rows:
+            return []
+        jobs = list(zip(rows, blocks, strict=True))
+        chunk = -(-len(jobs) // self._mask_workers)
+        return [self._pool.submit(_fill_masks, jobs[start:start + chunk]) for start in range(0, len(jobs), chunk)]
 
     def _wait_masks(self, rows: list[tuple[Row, Proposal]], blocks: list[torch.Tensor], pending: list[Any],
                     before: float) -> list[bool]:
         """Finish every row's masks (a row whose constraint raised ends with that error); ``before``:
         the rows' mask time when the step's masks were queued."""
         started = time.perf_counter()
-        ok = []
-        for (row, proposal), block, future in zip(rows, blocks, pending, strict=True):
-            try:
-                future.result() if future is not None else fill_deferred_masks(row.session, proposal, block)
-                ok.append(True)
-            except Exception as exc:  # noqa: BLE001
-                self._end(row, error=exc)
-                ok.append(False)
+        if pending:
+            errors = [error for future in pending for error in future.result()]
+        else:
+            errors = _fill_masks(list(zip(rows, blocks, strict=True)))
+        for (row, _), error in zip(rows, errors, strict=True):
+            if error is not None:
+                self._end(row, error=error)
         after = sum(r.session.state.mask_seconds for r, _ in rows)
-        self.stats.mask_wait_seconds += time.perf_counter() - started
+        waited = time.perf_counter() - started
+        self.stats.mask_wait_seconds += waited
+        self.stats.phase_seconds["masks"] += waited
         self.stats.mask_seconds += after - before
-        return ok
+        return [error is None for error in errors]
 
     def _commit_all(self, rows: list[tuple[Row, Proposal, torch.Tensor]], forward: float,
                     masks: torch.Tensor) -> None:
-        """Mask every position of every row in one op on the device, then verify row by row."""
+        """Mask every position of every row and choose greedily in a few ops over all of them (one
+        read back of the choices), then verify and commit row by row."""
+        phases = self.stats.phase_seconds
+        started = time.perf_counter()
         logits = torch.cat([lg for _, _, lg in rows])
+        bans: list[tuple[int, int]] = []
         offset = 0
         for row, proposal, row_logits in rows:
-            row_scores = logits[offset:offset + len(row_logits)]
             penalties, session = row.request.penalties, row.session
             if penalties is not None and penalties.active:
-                penalties.apply(row_scores, session.output, proposal.tokens)
+                penalties.apply(logits[offset:offset + len(row_logits)], session.output, proposal.tokens)
             if row.request.loop_guard:
-                session.stats.loop_guarded += guard_loops(row_scores, session.output, proposal.tokens)
+                row_bans = loop_bans(session.output, proposal.tokens, len(row_logits))
+                session.stats.loop_guarded += len(row_bans)
+                bans += [(offset + i, token) for i, token in row_bans]
             offset += len(row_logits)
+        penalise(logits, bans)
         masked = apply_bitmask(logits, masks)
-        choices = torch.argmax(masked, dim=-1).tolist()
+        choices = greedy_choices(masked)
+        committed_at = time.perf_counter()
+        phases["sample"] += committed_at - started
+        streaming = 0.0
         offset = 0
         for row, proposal, row_logits in rows:
             span = slice(offset, offset + len(row_logits))
@@ -555,7 +600,11 @@ class BatchEngine:
             except Exception as exc:  # noqa: BLE001
                 self._end(row, error=exc)
                 continue
+            streamed = time.perf_counter()
             self._after_commit(row, committed)
+            streaming += time.perf_counter() - streamed
+        phases["stream"] += streaming
+        phases["commit"] += time.perf_counter() - committed_at - streaming
 
     def _count_pass(self, row: Row, positions: int, forward: float) -> None:
         """Count a target pass ``row`` took part in with ``positions`` of its own (and, the first
@@ -624,6 +673,18 @@ class BatchEngine:
             except Exception as exc:  # noqa: BLE001 - e.g. a value that fails to parse: the row's error
                 row.error = exc
         row._done.set()
+
+
+def _fill_masks(jobs: list[tuple[tuple[Row, Proposal], torch.Tensor]]) -> list[BaseException | None]:
+    """Fill each row's deferred masks into its block; per row, the error its constraint raised or None."""
+    errors: list[BaseException | None] = []
+    for (row, proposal), block in jobs:
+        try:
+            fill_deferred_masks(row.session, proposal, block)
+            errors.append(None)
+        except Exception as exc:  # noqa: BLE001 - the row ends with its own error
+            errors.append(exc)
+    return errors
 
 
 def decode(target: ModelRunner, compiled: CompiledConstraint, prompt: Sequence[int], *,

@@ -11,7 +11,6 @@ With no proposer this is plain target decoding.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -196,6 +195,13 @@ def mask_positions(logits: torch.Tensor, masks: Sequence[torch.Tensor]) -> torch
     return apply_bitmask(logits[-len(masks):].clone(), torch.stack(list(masks)))
 
 
+def greedy_choices(masked: torch.Tensor) -> list[int]:
+    """The argmax of every row of masked logits, -1 for a row whose best logit is not finite (the
+    mask allows nothing there), read back in one transfer for all rows."""
+    best, index = masked.max(dim=-1)
+    return torch.where(torch.isfinite(best), index, -1).tolist()
+
+
 def commit(session: Session, proposal: Proposal, masked: torch.Tensor, choices: list[int] | None = None) -> list[int]:
     """Verify ``proposal`` against the target's masked logits (one row per proposed position plus
     one), roll the state back past the rejected tail, and commit. Returns the committed tokens
@@ -223,7 +229,8 @@ def verify(session: Session, proposal: Proposal, masked: torch.Tensor,
     """How many proposed tokens the target accepts, and the token it adds after them.
 
     ``masked[i]`` holds the target's logits at proposed position ``i`` already masked by
-    ``proposal.masks[i]`` (``mask_positions``); ``choices[i]``, if given, is their argmax.
+    ``proposal.masks[i]`` (``mask_positions``); ``choices[i]``, if given, is their argmax
+    (``greedy_choices``: -1 where nothing is allowed).
 
     Greedy: accept while the masked target argmax equals the proposal; the argmax at the first
     mismatch (or after the last proposal) is the extra token. Sampling: accept token x with
@@ -233,13 +240,13 @@ def verify(session: Session, proposal: Proposal, masked: torch.Tensor,
     """
     params, generator = session.params, session.generator
     if params.greedy and choices is None:
-        choices = torch.argmax(masked, dim=-1).tolist()
+        choices = greedy_choices(masked)
     for i, token in enumerate(proposal.tokens):
         target_logits = masked[i]
         if params.greedy:
             best = choices[i]
             if best != token:
-                return i, best
+                return i, best if best >= 0 else None
             continue
         p = distribution(target_logits, params)
         q = proposal.draft_probs[i]
@@ -257,10 +264,10 @@ def verify(session: Session, proposal: Proposal, masked: torch.Tensor,
     accepted = len(proposal.tokens)
     if session.state.finished:
         return accepted, None
-    final = masked[accepted]
-    if params.greedy:  # the argmax is finite unless every token is masked: one element read, not the row
+    if params.greedy:
         best = choices[accepted]
-        return (accepted, best) if math.isfinite(float(final[best])) else (accepted, None)
+        return (accepted, best) if best >= 0 else (accepted, None)
+    final = masked[accepted]
     if not torch.isfinite(final).any():
         return accepted, None
     return accepted, choose(final, params, generator)

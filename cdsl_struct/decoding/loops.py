@@ -42,16 +42,32 @@ def loop_continuation(history: Sequence[int]) -> int | None:
     return None
 
 
-def guard_loops(logits: torch.Tensor, output: Sequence[int], proposed: Sequence[int]) -> int:
-    """Penalise, in place, each position's cycle continuation; row ``i`` of ``logits`` scores the
-    position after ``output + proposed[:i]``. Returns how many positions were penalised."""
+def loop_bans(output: Sequence[int], proposed: Sequence[int], positions: int) -> list[tuple[int, int]]:
+    """The cycle continuations of ``positions`` consecutive positions, position ``i`` following
+    ``output + proposed[:i]``: ``(i, token)`` for each position whose history ends in a cycle."""
     history = list(output)
-    penalised = 0
-    for i in range(logits.shape[0]):
+    bans = []
+    for i in range(positions):
         if i:
             history.append(proposed[i - 1])
         token = loop_continuation(history)
         if token is not None:
-            logits[i, token] -= PENALTY
-            penalised += 1
-    return penalised
+            bans.append((i, token))
+    return bans
+
+
+def penalise(logits: torch.Tensor, bans: Sequence[tuple[int, int]]) -> None:
+    """Lower each ``(row, token)`` of ``logits`` by ``PENALTY``, in place, in one op for all of them."""
+    if bans:
+        rows, tokens = zip(*bans, strict=True)
+        index = torch.tensor([rows, tokens], dtype=torch.long).to(logits.device, non_blocking=True)
+        logits.index_put_((index[0], index[1]), torch.tensor(-PENALTY, dtype=logits.dtype, device=logits.device),
+                          accumulate=True)
+
+
+def guard_loops(logits: torch.Tensor, output: Sequence[int], proposed: Sequence[int]) -> int:
+    """Penalise, in place, each position's cycle continuation; row ``i`` of ``logits`` scores the
+    position after ``output + proposed[:i]``. Returns how many positions were penalised."""
+    bans = loop_bans(output, proposed, logits.shape[0])
+    penalise(logits, bans)
+    return len(bans)

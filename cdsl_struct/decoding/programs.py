@@ -17,8 +17,9 @@ from typing import Any
 import torch
 
 from ..models.batch import BatchRunner, Feed
-from ..models.ragged import RaggedRunner, batch_runner
+from ..models.ragged import RaggedRunner
 from ..models.runner import ModelRunner
+from ..models.self_check import batch_runner
 from .strategy import MAIN, Passes
 
 #: prompt prefixes a draft runner keeps (the draft is small; its prefills are cheap to redo)

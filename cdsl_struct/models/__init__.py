@@ -4,8 +4,9 @@ models it does not support, ``batch_runner`` picks) and the self-drafts CDSL use
 
 from .batch import BatchRunner, Feed
 from .loading import LoadedModel, load_model
-from .ragged import RaggedRunner, batch_runner
+from .ragged import RaggedRunner
 from .runner import ModelRunner, self_draft
+from .self_check import batch_runner
 from .tokenizers import NAMED_TOKENIZERS, load_tokenizer
 
 __all__ = ["NAMED_TOKENIZERS", "BatchRunner", "Feed", "LoadedModel", "ModelRunner", "RaggedRunner", "batch_runner",

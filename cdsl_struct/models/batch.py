@@ -87,6 +87,9 @@ class BatchRunner:
 
     #: rows are padded to the step's widest feed, and joining rows are prefilled in a pass of their own
     ragged = False
+    #: why the engine runs this runner where the ragged one was wanted (its load-time self-check
+    #: failed: ``models.self_check``), or None
+    fallback_reason: str | None = None
 
     def __init__(self, model: Any, name: str = "target", pad_token_id: int = 0,
                  prefix_cache_bytes: int = 256 * 2**20) -> None:

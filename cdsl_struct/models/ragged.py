@@ -36,7 +36,7 @@ import torch
 
 from ..errors import CdslError
 from .attention import DECODE_ATTENTION, decode_attention, ragged_step
-from .batch import BatchRunner, Feed, check_feeds, kv_bytes_per_token, reusable_prefix
+from .batch import Feed, check_feeds, kv_bytes_per_token, reusable_prefix
 from .compiled import CompiledForward, warm
 from .device import model_device
 from .prefix_cache import PrefixCache
@@ -211,10 +211,38 @@ def ragged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
             # one bfloat16 query takes a slow SDPA kernel on the CPU (164 us against 29 us in float32
             # at 270 positions)
             row_query, row_keys, row_values = row_query.float(), row_keys.float(), row_values.float()
-        attended = torch.nn.functional.scaled_dot_product_attention(
-            row_query, row_keys, row_values, attn_mask=causal, scale=scale, enable_gqa=group > 1)
+        attended = row_attention(row_query, row_keys, row_values, causal, scale, group,
+                                 masked_gqa=masked_gqa_safe(query.device))
         out[first:first + count] = attended[0].transpose(0, 1).to(out.dtype)
     return out.unsqueeze(0)
+
+
+def masked_gqa_safe(device: torch.device) -> bool:
+    """Whether SDPA takes a mask together with ``enable_gqa`` on ``device`` (the CPU: checked by the
+    tests against solo runs; see ``row_attention``)."""
+    return device.type == "cpu"
+
+
+def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, causal: torch.Tensor,
+                  scale: float, group: int, masked_gqa: bool) -> torch.Tensor:
+    """One row's attention: ``query`` ``[1, heads, count, dim]`` (its last ``count`` positions) over
+    ``keys``/``values`` ``[1, kv_heads, length, dim]``, ``causal`` its ``[count, length]`` mask.
+
+    ``masked_gqa``: SDPA with the mask and ``enable_gqa`` (the CPU's path). Elsewhere that pairing is
+    not safe: on CUDA it crashed (``output with shape [1, 9, 1, 1] doesn't match the broadcast shape
+    [1, 9, 1, 45]``, torch 2.11), and transformers never sends a mask with ``enable_gqa`` there
+    either. So without it a mask goes only where one is needed: one query sees every position (no
+    mask), a prompt with nothing before it is plain causal (``is_causal``), and only queries after
+    held positions get the mask, over key/value heads expanded to the query heads."""
+    count, length = query.shape[2], keys.shape[2]
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    if masked_gqa:
+        return sdpa(query, keys, values, attn_mask=causal, scale=scale, enable_gqa=group > 1)
+    if count == 1 or count == length:
+        return sdpa(query, keys, values, is_causal=count > 1, scale=scale, enable_gqa=group > 1)
+    if group > 1:
+        keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+    return sdpa(query, keys, values, attn_mask=causal.view(1, 1, count, length), scale=scale)
 
 
 @torch.library.custom_op("cdsl_struct::ragged_attend", mutates_args=())
@@ -588,11 +616,3 @@ class _NoMask:
 
 
 _NO_MASK = _NoMask()
-
-
-def batch_runner(model: Any, pad_token_id: int = 0, **kwargs: Any) -> RaggedRunner | BatchRunner:
-    """The engine's runner for ``model``: ``RaggedRunner`` where the model supports it, else the
-    padded ``BatchRunner``; ``CDSL_RUNNER=padded`` forces the padded one (for comparisons)."""
-    if os.environ.get("CDSL_RUNNER", "").lower() != "padded" and supports_ragged(model):
-        return RaggedRunner(model, pad_token_id=pad_token_id, **kwargs)
-    return BatchRunner(model, pad_token_id=pad_token_id, **kwargs)

@@ -12,8 +12,9 @@ from cdsl_struct import Choice, JsonSchema, Regex, compile
 from cdsl_struct.decoding import SamplingParams, build_proposers, decode
 from cdsl_struct.decoding.engine import BatchEngine, Request, Row, Scheduler
 from cdsl_struct.models.batch import BatchRunner
-from cdsl_struct.models.ragged import RaggedRunner, batch_runner
+from cdsl_struct.models.ragged import RaggedRunner
 from cdsl_struct.models.runner import ModelRunner
+from cdsl_struct.models.self_check import batch_runner
 from cdsl_struct.prompts import prompt_ids
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},

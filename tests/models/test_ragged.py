@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from cdsl_struct.errors import CdslError
+from cdsl_struct.models import ragged
 from cdsl_struct.models.batch import BatchRunner, Feed
-from cdsl_struct.models.ragged import GROUPED_QUERIES, RaggedRunner, batch_runner, supports_ragged
+from cdsl_struct.models.ragged import GROUPED_QUERIES, RaggedRunner, row_attention, supports_ragged
+from cdsl_struct.models.self_check import batch_runner
 from tests.models.solo import close, solo
 
 
@@ -35,6 +37,33 @@ def test_speculation_crops_and_a_prompt_riding_in_a_decode_step(model):
     assert close(out[0], solo(model, a)) and close(out[1], solo(model, b, keep=2))
     assert close(out[2], solo(model, prompt))
     assert runner.held("a") == a and runner.held("c") == prompt
+
+
+@pytest.mark.parametrize("group", [1, 3])
+@pytest.mark.parametrize(("count", "held"), [(1, 8), (6, 0), (5, 7)])
+def test_row_attention_off_the_cpu_equals_the_masked_gqa_one(group, count, held):
+    """The branch a GPU takes (no mask beside ``enable_gqa``: CUDA crashed on that pairing) gives
+    what the CPU's branch and a by-hand attention give, for a decode query, a fresh prompt and
+    queries after held positions."""
+    generator = torch.Generator().manual_seed(count * 10 + held + group)
+    length = held + count
+    query = torch.randn(1, 2 * group, count, 8, generator=generator)
+    keys, values = (torch.randn(1, 2, length, 8, generator=generator) for _ in range(2))
+    causal = torch.ones((count, length), dtype=torch.bool).tril(held)
+    cpu = row_attention(query, keys, values, causal, 0.3, group, masked_gqa=True)
+    other = row_attention(query, keys, values, causal, 0.3, group, masked_gqa=False)
+    scores = query @ keys.repeat_interleave(group, dim=1).transpose(-1, -2) * 0.3
+    by_hand = scores.masked_fill(~causal, float("-inf")).softmax(-1) @ values.repeat_interleave(group, dim=1)
+    torch.testing.assert_close(cpu, by_hand, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(other, by_hand, atol=1e-5, rtol=1e-5)
+
+
+def test_the_runner_on_the_gpus_attention_branch_matches_solo_runs(model, monkeypatch):
+    """The whole ragged runner with the attention branch a GPU takes (forced here on the CPU):
+    joins, decode steps of one or two rows (attending row by row), speculation after held positions."""
+    monkeypatch.setattr(ragged, "masked_gqa_safe", lambda device: False)
+    test_rows_of_different_lengths_join_in_one_pass_and_match_solo_runs(model)
+    test_speculation_crops_and_a_prompt_riding_in_a_decode_step(model)
 
 
 def test_leaving_forking_and_unfed_rows_keep_every_cache_right(model):

@@ -1,0 +1,104 @@
+"""A runner checked against the model's own forward before it serves a request.
+
+The ragged runner replaces the model's attention and cache with its own (``models.ragged``); a
+bug of that path on one device or torch version (the CUDA crash of torch 2.11's SDPA with a mask
+and ``enable_gqa``, say) would otherwise reach every request. Once per model, ``batch_runner``
+feeds three rows through a throwaway ragged runner the way the engine does (prompts joining
+together, a decode step, speculation and a long feed after held positions; rows that attend grouped
+and row by row) and compares every kept position with
+the model's plain forward over the same sequence: the same argmax wherever the reference's top two
+are apart by more than the tolerance, and logits within it. A mismatch or an error picks the
+padded ``BatchRunner``, says why in the log, and the runner carries the reason
+(``fallback_reason``: the engine's ``load()`` and the server's ``/metrics`` report it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+from typing import Any
+
+import torch
+
+from .batch import BatchRunner, Feed
+from .device import model_device
+from .ragged import GROUPED_QUERIES, RaggedRunner, supports_ragged
+
+logger = logging.getLogger(__name__)
+
+#: (absolute, relative to the largest reference logit) tolerance of the check, by dtype: float32
+#: differs from the reference by summation order only; half types by their rounding
+TOLERANCE = {torch.float32: (1e-3, 1e-4), torch.bfloat16: (0.1, 0.02), torch.float16: (0.05, 0.01)}
+
+_checked: weakref.WeakKeyDictionary[Any, str | None] = weakref.WeakKeyDictionary()
+
+
+def batch_runner(model: Any, pad_token_id: int = 0, **kwargs: Any) -> RaggedRunner | BatchRunner:
+    """The engine's runner for ``model``: ``RaggedRunner`` where the model supports it and it passes
+    ``check_ragged`` (once per model), else the padded ``BatchRunner`` (with ``fallback_reason``
+    set where the check failed). ``CDSL_RUNNER=padded`` forces the padded one (for comparisons)."""
+    if os.environ.get("CDSL_RUNNER", "").lower() == "padded" or not supports_ragged(model):
+        return BatchRunner(model, pad_token_id=pad_token_id, **kwargs)
+    if model not in _checked:
+        _checked[model] = check_ragged(model)
+        if _checked[model] is not None:
+            logger.warning("the ragged runner failed its self-check on %s (%s); this model runs on the padded "
+                           "runner", model_device(model), _checked[model])
+    reason = _checked[model]
+    if reason is None:
+        return RaggedRunner(model, pad_token_id=pad_token_id, **kwargs)
+    runner = BatchRunner(model, pad_token_id=pad_token_id, **kwargs)
+    runner.fallback_reason = reason
+    return runner
+
+
+def check_ragged(model: Any) -> str | None:
+    """Run the ragged runner's self-check on ``model``: None when it agrees with the model's own
+    forward, else what went wrong (an error, or the first position that differs)."""
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    a, b, c = ([(step * i + 3) % vocab for i in range(length)] for step, length in ((7, 20), (5, 4), (3, 9)))
+    more = [(11 * i + 2) % vocab for i in range(GROUPED_QUERIES + 2)]
+    steps = [  # what attends row by row (a long prompt, a long feed after held positions) and grouped (short feeds)
+        [Feed("a", a, 2), Feed("b", b, 1), Feed("c", c, 1)],  # prompts joining together
+        [Feed("a", a + [2], 1), Feed("b", b + [9], 1), Feed("c", c + [4], 1)],  # a decode step
+        [Feed("a", a + [2] + more, 3), Feed("b", b + [9, 4, 8], 3), Feed("c", c + [4, 1], 2)],  # after held positions
+    ]
+    try:
+        runner = RaggedRunner(model, prefix_cache_bytes=0)
+        dtype = next(model.parameters()).dtype
+        for feeds in steps:
+            for feed, got in zip(feeds, runner.run(feeds), strict=True):
+                problem = _compare(got, _reference(model, feed.sequence, feed.keep), dtype)
+                if problem is not None:
+                    return f"row {feed.row!r} of {len(feed.sequence)} tokens: {problem}"
+        runner.release("a", "b", "c")
+    except Exception as exc:  # noqa: BLE001 - any failure of the ragged path sends the model to the padded one
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+@torch.inference_mode()
+def _reference(model: Any, sequence: list[int], keep: int) -> torch.Tensor:
+    """The model's own forward over ``sequence`` (no cache of ours): float32 logits of the last ``keep``."""
+    ids = torch.tensor([sequence], device=model_device(model))
+    return model(input_ids=ids, use_cache=False).logits[0, -keep:].float()
+
+
+def _compare(got: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype) -> str | None:
+    """None where ``got`` agrees with ``reference`` (``[positions, vocab]``) for a model in ``dtype``,
+    else how it differs."""
+    if got.shape != reference.shape:
+        return f"logits of shape {tuple(got.shape)}, expected {tuple(reference.shape)}"
+    absolute, relative = TOLERANCE.get(dtype, TOLERANCE[torch.float32])
+    tolerance = absolute + relative * float(reference.abs().max())
+    got, reference = got.float().cpu(), reference.cpu()
+    difference = float((got - reference).abs().max())
+    if not difference <= tolerance:  # NaN fails too
+        return f"logits differ by {difference:.4g} (tolerance {tolerance:.4g})"
+    top = reference.topk(2, dim=-1).values
+    clear = (top[:, 0] - top[:, 1]) > 2 * tolerance
+    mismatched = clear & (got.argmax(-1) != reference.argmax(-1))
+    if bool(mismatched.any()):
+        return f"a different argmax at kept position {int(mismatched.nonzero()[0])}"
+    return None

@@ -1,0 +1,68 @@
+"""The load-time self-check: the ragged runner serves only a model it agrees with; a runner that
+raises or computes wrong logits sends the model to the padded runner, logged and reported."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from cdsl_struct.decoding.engine import BatchEngine
+from cdsl_struct.models import ragged, self_check
+from cdsl_struct.models.batch import BatchRunner
+from cdsl_struct.models.ragged import RaggedRunner
+from cdsl_struct.models.self_check import batch_runner, check_ragged
+from tests.models.solo import tiny_llama
+
+
+def test_a_sound_model_gets_the_ragged_runner_checked_once(monkeypatch):
+    model = tiny_llama()
+    checks = []
+    monkeypatch.setattr(self_check, "check_ragged", lambda m: checks.append(m) or check_ragged(m))
+    assert isinstance(batch_runner(model), RaggedRunner)
+    assert isinstance(batch_runner(model), RaggedRunner)
+    assert checks == [model]
+
+
+def test_the_real_model_passes_its_check(smollm2):
+    assert check_ragged(smollm2.model) is None
+
+
+def _broken_attention(*args, **kwargs):
+    out = _real_attention(*args, **kwargs)
+    return out + 0.5  # every attended value off: wrong logits, no error
+
+
+_real_attention = ragged.row_attention
+
+
+@pytest.mark.parametrize("failure", ["wrong logits", "an error"])
+def test_a_runner_that_fails_its_check_never_serves(monkeypatch, caplog, failure):
+    """Both ways a runner can fail on some device: it raises (the CUDA crash), or it answers wrongly."""
+    def crash(*args, **kwargs):
+        raise RuntimeError("output with shape [1, 9, 1, 1] doesn't match the broadcast shape [1, 9, 1, 45]")
+
+    monkeypatch.setattr(ragged, "row_attention", _broken_attention if failure == "wrong logits" else crash)
+    model = tiny_llama()
+    with caplog.at_level(logging.WARNING, logger=self_check.__name__):
+        runner = batch_runner(model, pad_token_id=0)
+    assert type(runner) is BatchRunner
+    expected = "logits differ" if failure == "wrong logits" else "RuntimeError: output with shape"
+    assert expected in runner.fallback_reason
+    assert any("self-check" in r.getMessage() and expected in r.getMessage() for r in caplog.records)
+    engine = BatchEngine(runner, max_batch_size=2, kv_budget_bytes=float("inf"), mask_workers=0)
+    try:
+        assert engine.load().runner_fallback == runner.fallback_reason
+    finally:
+        engine.close()
+    monkeypatch.setattr(ragged, "row_attention", _real_attention)  # the padded runner never attends ragged
+    with torch.inference_mode():
+        out = runner.run([ragged.Feed("a", [1, 2, 3], 1)])
+    assert torch.isfinite(out[0]).all()
+
+
+def test_padded_on_request_skips_the_check(monkeypatch):
+    monkeypatch.setenv("CDSL_RUNNER", "padded")
+    monkeypatch.setattr(self_check, "check_ragged", lambda m: pytest.fail("checked"))
+    assert type(batch_runner(tiny_llama())) is BatchRunner
