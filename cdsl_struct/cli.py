@@ -69,6 +69,15 @@ def _add_bench_parsers(commands: Any) -> None:
     spec.add_argument("--json", dest="json_out", help="write runs and summary here")
     spec.add_argument("--no-progress", action="store_true")
 
+    ovh = bench.add_parser("overhead", help="the engine's host time per step, by phase, with a near-zero-cost model")
+    ovh.add_argument("--rows", default="1,16,64,256", help="comma-separated rows decoding at once")
+    ovh.add_argument("--max-tokens", type=int, default=32)
+    ovh.add_argument("--tokenizer", default="smollm2", help="whose vocabulary the model has (default smollm2)")
+    ovh.add_argument("--threads", type=int, default=1, help="torch threads (0: leave torch's default)")
+    ovh.add_argument("--mask-workers", type=int, default=2, help="the engine's mask threads (default 2)")
+    ovh.add_argument("--neighbour", action="store_true", help="also run each size beside a process busy on one core")
+    ovh.add_argument("--json", dest="json_out", help="write the report here")
+
     thr = bench.add_parser("throughput", help="batched engine: tokens/s, latency and batch invariance by batch size")
     thr.add_argument("--batch", default="1,4,8,16", help="comma-separated batch sizes (1 is always run, first)")
     thr.add_argument("--requests", type=int, default=32, help="requests in the mixed workload (default 32)")
@@ -273,6 +282,16 @@ def _speculative(args: argparse.Namespace) -> int:
                                model=args.model, with_hf=not args.no_hf)
     report = run_speculative_bench(load_tasks(args.prompts), config, progress=not args.no_progress)
     return _report(report, format_table(report["summary"]), args.json_out)
+
+
+def _overhead(args: argparse.Namespace) -> int:
+    from .bench.overhead import OverheadConfig, format_table, run_overhead_bench
+
+    config = OverheadConfig(rows=tuple(int(r) for r in args.rows.split(",") if r.strip()), max_tokens=args.max_tokens,
+                            tokenizer=args.tokenizer, threads=args.threads or None, mask_workers=args.mask_workers,
+                            neighbour=args.neighbour)
+    report = run_overhead_bench(config)
+    return _report(report, format_table(report), args.json_out)
 
 
 def _throughput(args: argparse.Namespace) -> int:
@@ -508,6 +527,7 @@ _HANDLERS: dict[tuple[str, str | None], Callable[[argparse.Namespace], int]] = {
     ("generate", None): run_generate, ("batch", None): run_batch, ("serve", None): run_serve,
     ("models", None): _models, ("tokenizers", None): _tokenizers,
     ("bench", "maskbench"): _maskbench, ("bench", "speculative"): _speculative, ("bench", "throughput"): _throughput,
+    ("bench", "overhead"): _overhead,
     ("bench", "commongen"): _commongen, ("bench", "commongen-sweep"): _commongen_sweep,
     ("bench", "commongen-merge"): _commongen_merge, ("bench", "json-keywords"): _json_keywords,
     ("bench", "serve"): _serve_bench, ("bench", "soak"): _soak, ("bench", "tools"): _tools_bench,

@@ -1,0 +1,73 @@
+"""One read back to the host per engine step, whatever the rows do: greedy choices of every row
+come back in one transfer (each read of a GPU tensor is a sync that stalls the next step's host
+work). Counted with ``HostReads`` on the CPU, where it follows what would be device tensors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cdsl_struct.bench.host_reads import HostReads
+from cdsl_struct.bench.overhead import near_zero_model
+from cdsl_struct.bench.serving import PERSON_SCHEMA, prompts
+from cdsl_struct.constraints import JsonSchema, Regex, compile
+from cdsl_struct.decoding import build_proposers
+from cdsl_struct.decoding.engine import BatchEngine, Request
+from cdsl_struct.decoding.penalties import Penalties
+from cdsl_struct.models.self_check import batch_runner
+from cdsl_struct.models.tokenizers import load_tokenizer
+from cdsl_struct.prompts import prompt_ids
+
+
+@pytest.fixture(scope="module")
+def setup():
+    tokenizer = load_tokenizer("smollm2")
+    return tokenizer, near_zero_model(len(tokenizer))
+
+
+def test_the_counter_sees_a_read_of_a_forward_output_and_of_what_follows_from_it():
+    reads = HostReads()
+
+    class Runner:
+        def run(self, x):
+            return [x * 2]
+
+    runner = Runner()
+    with reads:
+        reads.follow(runner)
+        out = runner.run(torch.ones(3))[0]
+        host = torch.ones(3)
+        assert host.tolist() and int(host[0]) == 1 and reads.count == 0  # not from the device
+        derived = (out + 1).max(dim=-1)
+        assert derived.values.item() == 3 and reads.count == 1
+        assert float(out[0]) == 2 and out.tolist() == [2, 2, 2] and reads.count == 3
+
+
+@pytest.mark.parametrize("mask_workers", [0, 2])
+def test_every_step_reads_the_device_once(setup, mask_workers):
+    """JSON and regex rows, prompt lookup drafts (speculation, rollback), forced tokens, the loop
+    guard and penalties, rows joining and ending: one read a step."""
+    tokenizer, model = setup
+    eos = [tokenizer.eos_token_id]
+    json_spec = compile(JsonSchema(PERSON_SCHEMA), tokenizer, eos_token_ids=eos)
+    date = compile(Regex(r"\d{4}-\d{2}-\d{2}"), tokenizer, eos_token_ids=eos)
+    lookup = build_proposers("lookup", model)
+    requests = [Request(tuple(prompt_ids(tokenizer, text)), date if i == 2 else json_spec, max_tokens=10 + 3 * i,
+                        proposers=lookup if i % 2 else (), loop_guard=True,
+                        penalties=Penalties(frequency=0.5) if i == 3 else None)
+                for i, text in enumerate(prompts(5))]
+    engine = BatchEngine(batch_runner(model, pad_token_id=0), max_batch_size=3, kv_budget_bytes=float("inf"),
+                         mask_workers=mask_workers)
+    try:
+        rows = [engine.submit(request) for request in requests]
+        per_step = []
+        with HostReads() as reads:
+            reads.follow(engine.runner)
+            while not all(row.done for row in rows):
+                before = reads.count
+                engine.step()
+                per_step.append(reads.count - before)
+    finally:
+        engine.close()
+    assert all(row.error is None for row in rows)
+    assert len(per_step) > 10 and set(per_step) == {1}
