@@ -32,12 +32,13 @@ class HostReads(TorchFunctionMode):
         self._device: dict[int, weakref.ref[torch.Tensor]] = {}  # by id: tensors compare elementwise
 
     def follow(self, runner: Any) -> Callable[[], None]:
-        """Mark what ``runner.run`` returns from now on; returns the function that stops it."""
+        """Mark what ``runner.run`` returns (and its ``last_flat``) from now on; returns the function
+        that stops it."""
         run = runner.run
 
         def marked(*args: Any, **kwargs: Any) -> Any:
             out = run(*args, **kwargs)
-            self._mark(out)
+            self._mark((out, getattr(runner, "last_flat", None)))  # the views it returns, and their base
             return out
 
         runner.run = marked

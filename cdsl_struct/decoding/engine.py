@@ -490,6 +490,7 @@ class BatchEngine:
         pending = self._masks_async(rows, blocks)
         started = time.perf_counter()
         logits = self.runner.run(feeds + [f for row_feeds in program_feeds for f in row_feeds])
+        flat, starts = self.runner.last_flat  # before a program's passes (if any) run the runner again
         forward = time.perf_counter() - started
         self.stats.phase_seconds["forward"] += forward
         if self.width is not None:
@@ -511,12 +512,12 @@ class BatchEngine:
                 continue
             if committed is not None:
                 self._after_commit(row, committed)
-        rows_logits = [(r, p, lg) for (r, p), lg, ok in zip(rows, logits[:len(rows)], masks_ok, strict=True) if ok]
-        if rows_logits:
+        rows_at = [(r, p, start) for (r, p), start, ok in zip(rows, starts[:len(rows)], masks_ok, strict=True) if ok]
+        if rows_at:
             used = sum(len(p.masks) for _, p in rows)
             masks = self._bitmask[:used] if all(masks_ok) else torch.cat(
                 [block for block, ok in zip(blocks, masks_ok, strict=True) if ok])
-            self._commit_all(rows_logits, forward, masks)
+            self._commit_all(rows_at, forward, flat, masks)
 
     def _start(self, row: Row) -> None:
         request = row.request
@@ -566,37 +567,34 @@ class BatchEngine:
         self.stats.mask_seconds += after - before
         return [error is None for error in errors]
 
-    def _commit_all(self, rows: list[tuple[Row, Proposal, torch.Tensor]], forward: float,
+    @torch.inference_mode()  # the runner's logits are inference tensors, masked in place
+    def _commit_all(self, rows: list[tuple[Row, Proposal, int]], forward: float, logits: torch.Tensor,
                     masks: torch.Tensor) -> None:
-        """Mask every position of every row and choose greedily in a few ops over all of them (one
-        read back of the choices), then verify and commit row by row."""
+        """Mask every position of every row and choose greedily in a few ops over all of them, in
+        place in the runner's ``logits`` (row ``start`` on: each row's positions; ``masks`` theirs, in
+        row order), with one read back of the choices; then verify and commit row by row."""
         phases = self.stats.phase_seconds
         started = time.perf_counter()
-        logits = torch.cat([lg for _, _, lg in rows])
+        spans = [(start, start + len(proposal.tokens) + 1) for _, proposal, start in rows]
         bans: list[tuple[int, int]] = []
-        offset = 0
-        for row, proposal, row_logits in rows:
+        for (row, proposal, _), (start, end) in zip(rows, spans, strict=True):
             penalties, session = row.request.penalties, row.session
             if penalties is not None and penalties.active:
-                penalties.apply(logits[offset:offset + len(row_logits)], session.output, proposal.tokens)
+                penalties.apply(logits[start:end], session.output, proposal.tokens)
             if row.request.loop_guard:
-                row_bans = loop_bans(session.output, proposal.tokens, len(row_logits))
+                row_bans = loop_bans(session.output, proposal.tokens, end - start)
                 session.stats.loop_guarded += len(row_bans)
-                bans += [(offset + i, token) for i, token in row_bans]
-            offset += len(row_logits)
+                bans += [(start + i, token) for i, token in row_bans]
         penalise(logits, bans)
-        masked = apply_bitmask(logits, masks)
-        choices = greedy_choices(masked)
+        apply_bitmask(logits, _in_logit_order(masks, spans, logits.shape[0]))
+        choices = greedy_choices(logits)
         committed_at = time.perf_counter()
         phases["sample"] += committed_at - started
         streaming = 0.0
-        offset = 0
-        for row, proposal, row_logits in rows:
-            span = slice(offset, offset + len(row_logits))
-            offset += len(row_logits)
+        for (row, proposal, _), (start, end) in zip(rows, spans, strict=True):
             self._count_pass(row, len(proposal.tokens) + 1, forward)
             try:
-                committed = self._commit_row(row, proposal, masked[span], choices[span])
+                committed = self._commit_row(row, proposal, logits[start:end], choices[start:end])
             except Exception as exc:  # noqa: BLE001
                 self._end(row, error=exc)
                 continue
@@ -673,6 +671,18 @@ class BatchEngine:
             except Exception as exc:  # noqa: BLE001 - e.g. a value that fails to parse: the row's error
                 row.error = exc
         row._done.set()
+
+
+def _in_logit_order(masks: torch.Tensor, spans: list[tuple[int, int]], positions: int) -> torch.Tensor:
+    """``masks`` (the rows' positions one after another) placed at their ``spans`` of a ``positions``-row
+    bitmask, every other row all allowed (another program's positions, padding): ``masks`` itself
+    when the spans already lie end to end from row 0 over all of them (a ragged step's usual case)."""
+    end_to_end = all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
+    if end_to_end and spans[0][0] == 0 and spans[-1][1] == positions:
+        return masks
+    full = torch.full((positions, masks.shape[1]), -1, dtype=masks.dtype)
+    index = torch.tensor([i for start, end in spans for i in range(start, end)])
+    return full.index_copy_(0, index, masks)
 
 
 def _fill_masks(jobs: list[tuple[tuple[Row, Proposal], torch.Tensor]]) -> list[BaseException | None]:

@@ -80,7 +80,9 @@ class BatchRunner:
 
     ``run(feeds)`` reuses each row's cached prefix, crops what the row no longer holds (rejected
     speculation), feeds the rest of every row in ONE forward pass (new rows are prefilled in one
-    pass before it) and returns each row's logits on the model's device. ``release(row)`` drops
+    pass before it) and returns each row's logits on the model's device: views of one
+    ``[rows x keep, vocab]`` tensor, the caller's to change in place (``last_flat``: that tensor and
+    where each feed's rows start in it). ``release(row)`` drops
     a row. Counters: ``passes``, ``positions`` (real tokens fed), ``padded_positions`` (fed
     including padding), ``prefilled_positions`` (prompt positions computed), ``seconds``.
     """
@@ -113,6 +115,7 @@ class BatchRunner:
         self.last_prefill_seconds = 0.0
         self.last_positions = 0  # padded positions of the last step's pass (prefill excluded)
         self.last_fed: dict[Hashable, int] = {}  # real positions each row fed in the last run's step pass
+        self.last_flat: tuple[torch.Tensor, list[int]] | None = None  # the last run's logits, feeds' starts
         self.last_prefilled: dict[Hashable, int] = {}  # positions the last run prefilled for its new rows
 
     # --- state --------------------------------------------------------------------------------
@@ -215,12 +218,11 @@ class BatchRunner:
         logits = self._forward([tails.get(row, []) for row in self.order], width, keep)
         self.last_positions = self.rows * width
         self.last_fed = {row: len(tail) for row, tail in tails.items()}
-        result = []
-        for feed in feeds:
-            index = self.order.index(feed.row)
-            result.append(logits[index, keep - feed.keep:])
+        starts = [self.order.index(feed.row) * keep + keep - feed.keep for feed in feeds]
+        flat = logits.view(-1, logits.shape[-1])
+        self.last_flat = (flat, starts)
         self._maybe_compact()
-        return result
+        return [flat[start:start + feed.keep] for start, feed in zip(starts, feeds, strict=True)]
 
     def _forward(self, tails: list[list[int]], width: int, keep: int) -> torch.Tensor:
         """Feed every row its tail, right-aligned in ``width`` columns; logits of the last ``keep``."""

@@ -327,7 +327,9 @@ class RaggedRunner:
     (``run``, ``release``, ``fork``, ``crop``, ``held``, the counters) on a ``SlotCache``.
 
     ``run(feeds)`` reuses each row's cached prefix, crops what the row no longer holds, and feeds
-    every row's rest, new rows' prompts included, in ONE forward pass. Counters: ``passes``,
+    every row's rest, new rows' prompts included, in ONE forward pass. Its logits are views of one
+    ``[kept positions, vocab]`` tensor, the caller's to change in place; ``last_flat`` holds that
+    tensor and where each feed's rows start in it. Counters: ``passes``,
     ``positions`` (tokens fed; ``padded_positions`` equals it), ``prefilled_positions`` (prompt
     positions computed, not copied from the prefix cache), ``seconds``, ``attended_slots``
     and ``attended_valid`` (KV slots attention read, and those holding a row's token).
@@ -359,6 +361,7 @@ class RaggedRunner:
         self.last_prefill_seconds = 0.0
         self.last_positions = 0
         self.last_fed: dict[Hashable, int] = {}
+        self.last_flat: tuple[torch.Tensor, list[int]] | None = None  # the last run's logits, feeds' starts
         self.last_prefilled: dict[Hashable, int] = {}
         self.compiled: CompiledForward | None = None
         self.vocab_size: int = getattr(model.config, "get_text_config", lambda: model.config)().vocab_size
@@ -460,6 +463,7 @@ class RaggedRunner:
             for row, body, reused in joined:
                 if len(body) > reused:
                     self.prefixes.store(body, self.cache.read_row(self.order.index(row), len(body)))
+        self.last_flat = (logits, [offsets[f.row] for f in feeds])
         return [logits[offsets[f.row]:offsets[f.row] + f.keep] for f in feeds]
 
     def _forward(self, tails: dict[Hashable, list[int]], keeps: dict[Hashable, int]) -> tuple[torch.Tensor, dict]:
