@@ -25,9 +25,8 @@ from typing import Any
 import torch
 
 from ..constraints import JsonSchema, compile
-from ..decoding.engine import PHASES, BatchEngine, Request
-from ..models.self_check import batch_runner
-from ..models.tokenizers import load_tokenizer
+from ..decoding import PHASES, BatchEngine, Request
+from ..models import batch_runner, load_tokenizer
 from ..prompts import prompt_ids
 from .host_reads import HostReads
 from .serving import PERSON_SCHEMA, prompts

@@ -24,8 +24,7 @@ import torch
 
 from ..constraints import Grammar, JsonSchema, Regex, allocate_bitmask, apply_bitmask, compile
 from ..decoding import build_proposers, decode
-from ..models import ModelRunner, load_model, self_draft
-from ..models.device import cpu_has_native_bf16, model_device
+from ..models import ModelRunner, cpu_has_native_bf16, load_model, model_device, self_draft
 from ..options import DEFAULT_WHITESPACE
 from .maskbench import read_jsonl
 

@@ -1,7 +1,7 @@
 """Decoders on one batched engine: target-only, speculative (forced tokens, prompt lookup, draft
 models) and the reward-steered strategies (``decoding.lookahead``)."""
 
-from .engine import BatchEngine, Request, decode
+from .engine import PHASES, BatchEngine, Request, decode
 from .lookahead import CDLH, CDSL, CDSL_STATES, GuidedDraft
 from .loop import Proposal, Proposer, Session, forced_proposer
 from .proposers import DraftModelProposer, PromptLookupProposer, build_proposers
@@ -12,6 +12,7 @@ __all__ = [
     "CDLH",
     "CDSL",
     "CDSL_STATES",
+    "PHASES",
     "GuidedDraft",
     "Strategy",
     "BatchEngine",

@@ -3,6 +3,7 @@
 models it does not support, ``batch_runner`` picks) and the self-drafts CDSL uses."""
 
 from .batch import BatchRunner, Feed
+from .device import cpu_has_native_bf16, model_device
 from .loading import LoadedModel, load_model
 from .ragged import RaggedRunner
 from .runner import ModelRunner, self_draft
@@ -10,4 +11,4 @@ from .self_check import batch_runner
 from .tokenizers import NAMED_TOKENIZERS, load_tokenizer
 
 __all__ = ["NAMED_TOKENIZERS", "BatchRunner", "Feed", "LoadedModel", "ModelRunner", "RaggedRunner", "batch_runner",
-           "load_model", "load_tokenizer", "self_draft"]
+           "cpu_has_native_bf16", "load_model", "load_tokenizer", "model_device", "self_draft"]
