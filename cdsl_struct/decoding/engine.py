@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from ..constraints import CompiledConstraint
-from ..constraints.mask import apply_bitmask, words_for
+from ..constraints.mask import words_for
 from ..errors import CdslError
 from ..models.batch import COMPACT_SLACK, BatchRunner, Feed
 from ..models.ragged import RaggedRunner
@@ -52,7 +52,7 @@ from .loop import (
     commit,
     fill_deferred_masks,
     finish,
-    greedy_choices,
+    mask_and_choose,
     propose,
     truncate,
 )
@@ -62,6 +62,7 @@ from .programs import Programs
 from .sampling import SamplingParams
 from .stops import StopStrings
 from .strategy import Passes, StepProgram, Strategy
+from .threads import ThreadGovernor
 from .width import StepWidth
 
 _ids = itertools.count()
@@ -302,15 +303,19 @@ class BatchEngine:
     says pays for its padding (``StepWidth``); False feeds every proposal whole.
     ``prefill_budget``: prompt positions (beyond the prefix cache) a step prefills at most; more
     waiting rows join at later steps (``Scheduler``); None admits all that fit at once.
+    ``adaptive_threads``: on a CPU, give each forward the torch thread count measured cheapest now
+    (``ThreadGovernor``: one thread or all, so that a neighbour taking a core does not stall the
+    whole thread team); False leaves torch's setting alone.
     ``start()`` runs the step loop on a background thread, so that requests submitted from
     many threads share steps (what ``Generator`` and the server use).
     """
 
     def __init__(self, runner: BatchRunner | RaggedRunner, *, max_batch_size: int = 32,
                  kv_budget_bytes: float | None = None, mask_workers: int = 2, adaptive_width: bool = True,
-                 prefill_budget: int | None = DEFAULT_PREFILL_BUDGET) -> None:
+                 prefill_budget: int | None = DEFAULT_PREFILL_BUDGET, adaptive_threads: bool = True) -> None:
         self.runner = runner
         self.width = StepWidth(padded=not getattr(runner, "ragged", False)) if adaptive_width else None
+        self.threads = ThreadGovernor() if adaptive_threads and runner.device.type == "cpu" else None
         budget = kv_budget_bytes if kv_budget_bytes is not None else default_kv_budget(runner.device)
         self.scheduler = Scheduler(max_batch_size, budget, runner.kv_bytes_per_token(), prefill_budget,
                                    self._prefill_cost)
@@ -488,11 +493,14 @@ class BatchEngine:
         mask_before = sum(r.session.state.mask_seconds for r, _ in rows)
         blocks = self._mask_blocks(rows)
         pending = self._masks_async(rows, blocks)
+        threads = self.threads.before_step() if self.threads is not None else 0
         started = time.perf_counter()
         logits = self.runner.run(feeds + [f for row_feeds in program_feeds for f in row_feeds])
         flat, starts = self.runner.last_flat  # before a program's passes (if any) run the runner again
         forward = time.perf_counter() - started
         self.stats.phase_seconds["forward"] += forward
+        if self.threads is not None:
+            self.threads.after_step(threads, forward - self.runner.last_prefill_seconds, self.runner.last_positions)
         if self.width is not None:
             self.width.observe_pass(self.runner.last_positions, forward - self.runner.last_prefill_seconds)
         masks_ok = self._wait_masks(rows, blocks, pending, mask_before)
@@ -586,8 +594,7 @@ class BatchEngine:
                 session.stats.loop_guarded += len(row_bans)
                 bans += [(start + i, token) for i, token in row_bans]
         penalise(logits, bans)
-        apply_bitmask(logits, _in_logit_order(masks, spans, logits.shape[0]))
-        choices = greedy_choices(logits)
+        choices = mask_and_choose(logits, _in_logit_order(masks, spans, logits.shape[0]))
         committed_at = time.perf_counter()
         phases["sample"] += committed_at - started
         streaming = 0.0

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from cdsl_struct.constraints import mask
 from cdsl_struct.constraints.mask import (
     allocate_bitmask,
     apply_bitmask,
@@ -37,7 +38,11 @@ def test_a_strided_view_of_the_engines_buffer_unpacks_as_a_copy_would():
     assert torch.equal(unpack_on_host(view), unpack_by_shifts(view.contiguous()))
 
 
-def test_apply_bitmask_allows_only_the_set_bits_and_bans_the_padded_columns():
+@pytest.mark.parametrize("kernels", ["host", "device"])
+def test_apply_bitmask_allows_only_the_set_bits_and_bans_the_padded_columns(monkeypatch, kernels):
+    """The CPU's numpy kernel and the torch ops a GPU runs (forced here) mask alike."""
+    if kernels == "device":
+        monkeypatch.setattr(mask, "host_kernels", lambda logits: False)
     vocab = 70
     rows = allocate_bitmask(vocab, 2)
     for token in (0, 31, 32, 69):

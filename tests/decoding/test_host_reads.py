@@ -10,8 +10,8 @@ import torch
 from cdsl_struct.bench.host_reads import HostReads
 from cdsl_struct.bench.overhead import near_zero_model
 from cdsl_struct.bench.serving import PERSON_SCHEMA, prompts
-from cdsl_struct.constraints import JsonSchema, Regex, compile
-from cdsl_struct.decoding import build_proposers
+from cdsl_struct.constraints import JsonSchema, Regex, compile, mask
+from cdsl_struct.decoding import build_proposers, loop
 from cdsl_struct.decoding.engine import BatchEngine, Request
 from cdsl_struct.decoding.penalties import Penalties
 from cdsl_struct.models.self_check import batch_runner
@@ -43,10 +43,14 @@ def test_the_counter_sees_a_read_of_a_forward_output_and_of_what_follows_from_it
         assert float(out[0]) == 2 and out.tolist() == [2, 2, 2] and reads.count == 3
 
 
-@pytest.mark.parametrize("mask_workers", [0, 2])
-def test_every_step_reads_the_device_once(setup, mask_workers):
+@pytest.mark.parametrize(("mask_workers", "kernels"), [(0, "host"), (2, "host"), (2, "device")])
+def test_every_step_reads_the_device_once(setup, monkeypatch, mask_workers, kernels):
     """JSON and regex rows, prompt lookup drafts (speculation, rollback), forced tokens, the loop
-    guard and penalties, rows joining and ending: one read a step."""
+    guard and penalties, rows joining and ending: one read a step, with the CPU's numpy kernels
+    (their one view of the logits) and with the torch ops a GPU runs (forced here)."""
+    if kernels == "device":
+        monkeypatch.setattr(loop, "host_kernels", lambda logits: False)
+        monkeypatch.setattr(mask, "host_kernels", lambda logits: False)
     tokenizer, model = setup
     eos = [tokenizer.eos_token_id]
     json_spec = compile(JsonSchema(PERSON_SCHEMA), tokenizer, eos_token_ids=eos)
