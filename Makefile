@@ -22,8 +22,11 @@ setup: $(STAMP)
 assets: setup
 	$(VENV)/bin/cdsl-struct tokenizers fetch
 
+# The models' tests once more on the stock linear layers (no oneDNN prepacking): the path every
+# CPU without oneDNN's bf16 kernels (AVX2 only) takes for bf16, and any build without oneDNN.
 test: assets
 	$(PY) -m pytest -q
+	CDSL_PACK=0 $(PY) -m pytest -q tests/models --ignore=tests/models/test_packed.py
 
 demo: assets
 	$(PY) examples/extract_json.py

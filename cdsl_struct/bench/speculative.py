@@ -202,6 +202,7 @@ def summarise(runs: list[dict[str, Any]], config: SpeculativeConfig) -> dict[str
         "draft": config.draft,
         "k": config.k,
         "identical": all(r["identical"] for r in runs),
+        "identical_rate": round(sum(r["identical"] for r in runs) / len(runs), 4) if runs else None,
         "speedup_vs_target": round(speedup, 3),
         "speedup_vs_hf_outlines": round(hf_outlines_s / spec_on_hf, 3) if spec_on_hf else None,
         "speedup_bound": round(bound, 3),

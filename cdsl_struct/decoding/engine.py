@@ -543,7 +543,10 @@ class BatchEngine:
         need = sum(sizes)
         if self._bitmask is None or self._bitmask.shape[0] < need or self._bitmask.shape[1] != words:
             capacity = max(need, self.scheduler.max_batch_size * (2 + MAX_FORCED))
-            self._bitmask = torch.zeros((capacity, words), dtype=torch.int32)
+            # pinned where the masks cross to a GPU, so the copy is asynchronous (the read of the
+            # step's choices waits for it, before the next step refills the buffer)
+            self._bitmask = torch.zeros((capacity, words), dtype=torch.int32,
+                                        pin_memory=self.runner.device.type == "cuda")
         self._bitmask[:need].zero_()
         return list(torch.split(self._bitmask[:need], sizes)) if rows else []
 

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from ..errors import CdslError
-from .attention import DECODE_ATTENTION, decode_attention, ragged_step
+from .attention import DECODE_ATTENTION, decode_attention, ragged_step, row_attention
 from .batch import Feed, check_feeds, kv_bytes_per_token, reusable_prefix
 from .compiled import CompiledForward, warm
 from .device import model_device
@@ -221,28 +221,6 @@ def masked_gqa_safe(device: torch.device) -> bool:
     """Whether SDPA takes a mask together with ``enable_gqa`` on ``device`` (the CPU: checked by the
     tests against solo runs; see ``row_attention``)."""
     return device.type == "cpu"
-
-
-def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, causal: torch.Tensor,
-                  scale: float, group: int, masked_gqa: bool) -> torch.Tensor:
-    """One row's attention: ``query`` ``[1, heads, count, dim]`` (its last ``count`` positions) over
-    ``keys``/``values`` ``[1, kv_heads, length, dim]``, ``causal`` its ``[count, length]`` mask.
-
-    ``masked_gqa``: SDPA with the mask and ``enable_gqa`` (the CPU's path). Elsewhere that pairing is
-    not safe: on CUDA it crashed (``output with shape [1, 9, 1, 1] doesn't match the broadcast shape
-    [1, 9, 1, 45]``, torch 2.11), and transformers never sends a mask with ``enable_gqa`` there
-    either. So without it a mask goes only where one is needed: one query sees every position (no
-    mask), a prompt with nothing before it is plain causal (``is_causal``), and only queries after
-    held positions get the mask, over key/value heads expanded to the query heads."""
-    count, length = query.shape[2], keys.shape[2]
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    if masked_gqa:
-        return sdpa(query, keys, values, attn_mask=causal, scale=scale, enable_gqa=group > 1)
-    if count == 1 or count == length:
-        return sdpa(query, keys, values, is_causal=count > 1, scale=scale, enable_gqa=group > 1)
-    if group > 1:
-        keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
-    return sdpa(query, keys, values, attn_mask=causal.view(1, 1, count, length), scale=scale)
 
 
 @torch.library.custom_op("cdsl_struct::ragged_attend", mutates_args=())

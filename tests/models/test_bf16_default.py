@@ -12,7 +12,7 @@ import torch
 from cdsl_struct import Generator
 from cdsl_struct.bench.serving import PERSON_SCHEMA, prompts
 from cdsl_struct.models import load_model
-from cdsl_struct.models.packed import PackedLinear
+from cdsl_struct.models.packed import PackedLinear, packable_dtypes
 
 
 @pytest.fixture(scope="module")
@@ -23,9 +23,11 @@ def bf16_default():
 
 
 def test_auto_loads_bf16_weights_on_packed_linears(bf16_default):
+    """Packed where this run packs at all (``CDSL_PACK=0`` runs these tests on the stock path);
+    a CPU without oneDNN's bf16 path keeps the class and takes the stock path inside it."""
     model = bf16_default.model
     assert next(model.parameters()).dtype is torch.bfloat16
-    assert isinstance(model.lm_head, PackedLinear)
+    assert isinstance(model.lm_head, PackedLinear) == bool(packable_dtypes())
 
 
 def test_bf16_answers_are_valid_and_complete(bf16_default):

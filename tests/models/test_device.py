@@ -118,3 +118,19 @@ def test_load_model_takes_device_and_dtype():
 
     loaded = load_model("smollm2", device="cpu", dtype="bfloat16")
     assert loaded.device == torch.device("cpu") and loaded.model.dtype is torch.bfloat16
+
+
+def test_emulated_bf16_is_said_once_and_only_where_it_is_emulated(monkeypatch, caplog):
+    from cdsl_struct.models import device
+
+    monkeypatch.setattr(device, "_emulated_noted", [])
+    cpu = torch.device("cpu")
+    monkeypatch.setenv("CDSL_CPU_BF16", "1")  # a CPU with AVX-512 BF16 or AMX
+    assert not device.note_emulated_bf16(torch.bfloat16, cpu)
+    monkeypatch.setenv("CDSL_CPU_BF16", "0")  # an AVX2-only CPU
+    with caplog.at_level("WARNING", logger=device.__name__):
+        assert not device.note_emulated_bf16(torch.float32, cpu)
+        assert device.note_emulated_bf16(torch.bfloat16, cpu, "model 'smollm2'")
+        assert not device.note_emulated_bf16(torch.bfloat16, cpu, "the bf16 self-draft")
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1 and "model 'smollm2'" in messages[0] and "dtype='float32'" in messages[0]

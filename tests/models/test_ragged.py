@@ -7,8 +7,9 @@ import torch
 
 from cdsl_struct.errors import CdslError
 from cdsl_struct.models import ragged
+from cdsl_struct.models.attention import row_attention
 from cdsl_struct.models.batch import BatchRunner, Feed
-from cdsl_struct.models.ragged import GROUPED_QUERIES, RaggedRunner, row_attention, supports_ragged
+from cdsl_struct.models.ragged import GROUPED_QUERIES, RaggedRunner, supports_ragged
 from cdsl_struct.models.self_check import batch_runner
 from tests.models.solo import close, solo
 
