@@ -39,7 +39,7 @@ import torch
 from ..constraints import CompiledConstraint
 from ..constraints.mask import words_for
 from ..errors import CdslError
-from ..models.batch import COMPACT_SLACK, BatchRunner, Feed
+from ..models.batch import BatchRunner, Feed, padded_reserve
 from ..models.ragged import RaggedRunner
 from ..models.runner import ModelRunner
 from ..result import DecodeStats, Result
@@ -116,11 +116,19 @@ class Request:
             raise ValueError(f"top logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}")
 
     @property
+    def sequences(self) -> int:
+        """Sequences this request may hold in the cache at once: its own and its strategy's branches."""
+        return 1 + (self.strategy.branches if self.strategy is not None else 0)
+
+    @property
+    def sequence_tokens(self) -> int:
+        """Positions one of its sequences may need: prompt, output and one step's speculation."""
+        return len(self.prompt) + self.max_tokens + self.k + MAX_FORCED + 1
+
+    @property
     def reserved_tokens(self) -> int:
-        """Positions this request may need in the cache: prompt, output and one step's speculation,
-        for its own sequence and each branch its strategy may add."""
-        sequences = 1 + (self.strategy.branches if self.strategy is not None else 0)
-        return sequences * (len(self.prompt) + self.max_tokens + self.k + MAX_FORCED + 1)
+        """Positions this request may need in the cache, over all its sequences."""
+        return self.sequences * self.sequence_tokens
 
 
 @dataclass(eq=False)
@@ -175,10 +183,12 @@ class Row:
 
 class Scheduler:
     """Which waiting requests join the batch: first come, first served, while the batch stays
-    within ``max_batch_size`` rows and ``kv_budget_bytes``. The padded cache holds every row at its
-    physical length, which holes from rejected speculation may stretch to twice the longest row
-    (plus 32) before ``BatchRunner`` compacts it; the estimate counts that worst case. A request
-    that would not fit waits; one that exceeds the budget alone runs alone.
+    within ``max_batch_size`` rows and ``kv_budget_bytes``. ``reserved_positions(sequences,
+    longest)`` is what the runner's cache may hold for that many sequences of at most ``longest``
+    positions (the runner's own rule: ``padded_reserve`` for the padded cache, whose holes from
+    rejected speculation may stretch it to twice the longest row before it compacts; the ragged
+    runner's slots and their spare room). A request that would not fit waits; one that exceeds the
+    budget alone runs alone.
 
     ``prefill_budget``: prompt positions one step may prefill (``prefill_cost`` of a row: its
     positions not already in the prefix cache). Rows arriving together join over several steps,
@@ -187,7 +197,8 @@ class Scheduler:
     the same way). A step always admits its first fitting row, however long its prompt."""
 
     def __init__(self, max_batch_size: int, kv_budget_bytes: float, bytes_per_token: int,
-                 prefill_budget: int | None = None, prefill_cost: Callable[[Row], int] | None = None) -> None:
+                 prefill_budget: int | None = None, prefill_cost: Callable[[Row], int] | None = None,
+                 reserved_positions: Callable[[int, int], int] | None = None) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if prefill_budget is not None and prefill_budget < 1:
@@ -197,6 +208,7 @@ class Scheduler:
         self.bytes_per_token = bytes_per_token
         self.prefill_budget = prefill_budget
         self.prefill_cost = prefill_cost or (lambda row: len(row.request.prompt))
+        self.reserved_positions = reserved_positions or padded_reserve
         self.waiting: deque[Row] = deque()
         self.running: list[Row] = []
 
@@ -204,8 +216,9 @@ class Scheduler:
         rows = self.running + [row]
         if len(rows) > self.max_batch_size:
             return False
-        need = len(rows) * (2 * max(r.request.reserved_tokens for r in rows) + COMPACT_SLACK) * self.bytes_per_token
-        return need <= self.kv_budget_bytes or not self.running
+        positions = self.reserved_positions(sum(r.request.sequences for r in rows),
+                                            max(r.request.sequence_tokens for r in rows))
+        return positions * self.bytes_per_token <= self.kv_budget_bytes or not self.running
 
     def admit(self) -> list[Row]:
         """Move the rows that fit from the queue into the batch, in arrival order."""
@@ -318,16 +331,18 @@ class BatchEngine:
         self.threads = ThreadGovernor() if adaptive_threads and runner.device.type == "cpu" else None
         budget = kv_budget_bytes if kv_budget_bytes is not None else default_kv_budget(runner.device)
         self.scheduler = Scheduler(max_batch_size, budget, runner.kv_bytes_per_token(), prefill_budget,
-                                   self._prefill_cost)
+                                   self._prefill_cost, getattr(runner, "reserved_positions", padded_reserve))
         self.stats = EngineStats()
         self.programs = Programs(runner, lambda row, error: self._end(row, error=error))
         self._bitmask: torch.Tensor | None = None  # [rows x positions, words], reused every step
         self._mask_workers = mask_workers
         self._pool = ThreadPoolExecutor(mask_workers, thread_name_prefix="cdsl-mask") if mask_workers else None
         self._lock = threading.Condition()
+        self._stepping = threading.Lock()  # one step at a time, whoever drives the engine
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._closed = False
+        self._broken: BaseException | None = None  # what killed the step loop, if anything did
 
     def _prefill_cost(self, row: Row) -> int:
         """Prompt positions ``row`` would prefill: those the prefix cache does not hold."""
@@ -339,10 +354,13 @@ class BatchEngine:
 
     def submit(self, request: Request) -> Row:
         """Queue ``request``; its ``Row`` joins the batch at a step boundary."""
-        if self._closed:
-            raise CdslError("this engine is closed; make a new one (or a new Generator)")
         row = Row(request)
-        with self._lock:
+        with self._lock:  # under the lock that close() takes: no row slips in after it emptied the queue
+            if self._broken is not None:
+                raise CdslError(f"this engine's step loop failed ({self._broken!r}); make a new one") \
+                    from self._broken
+            if self._closed:
+                raise CdslError("this engine is closed; make a new one (or a new Generator)")
             self.scheduler.waiting.append(row)
             self._lock.notify_all()
         return row
@@ -356,9 +374,10 @@ class BatchEngine:
     def run_rows(self, requests: Sequence[Request]) -> list[Row]:
         """As ``run``, but the ended Rows, each holding its ``result`` or ``error``."""
         rows = [self.submit(request) for request in requests]
-        if self._thread is None:
-            while not all(r.done for r in rows):
-                self.step()
+        while self._thread is None and not all(r.done for r in rows):
+            with self._stepping:  # callers on several threads take turns stepping the one runner
+                if self._thread is None and not all(r.done for r in rows):
+                    self.step()
         for row in rows:
             row._done.wait()
         return rows
@@ -405,7 +424,8 @@ class BatchEngine:
         """Stop the loop and the mask threads; the engine takes no more requests. Every request
         still in it ends, so no caller waits forever: a running row with its partial output
         (``finish_reason="cancelled"``), a waiting one with ``RequestCancelled``."""
-        self._closed = True
+        with self._lock:
+            self._closed = True
         self.stop()
         with self._lock:
             waiting, self.scheduler.waiting = list(self.scheduler.waiting), deque()
@@ -426,10 +446,29 @@ class BatchEngine:
                 if self._stopping:
                     return
             try:
-                self.step()
+                with self._stepping:
+                    self.step()
             except BaseException as exc:  # a failed forward: every running row gets the error
-                for row in list(self.scheduler.running):
-                    self._end(row, error=exc)
+                failing = list(self.scheduler.running)
+                try:
+                    for row in failing:
+                        self._end(row, error=exc)
+                except BaseException as fatal:  # noqa: BLE001 - the loop cannot go on: nobody may wait forever
+                    self._fail_everything(fatal, failing)
+                    return
+
+    def _fail_everything(self, error: BaseException, failing: list[Row]) -> None:
+        """The step loop is dying: end ``failing`` and every other row, running or waiting, with
+        ``error`` (no row's ``wait`` hangs), and refuse new requests."""
+        with self._lock:
+            self._broken = error
+            self._thread = None
+            rows = failing + list(self.scheduler.running) + list(self.scheduler.waiting)
+            self.scheduler.running, self.scheduler.waiting = [], deque()
+        for row in rows:
+            if not row.done:
+                row.error = error
+                row._done.set()
 
     # --- one step -----------------------------------------------------------------------------
 

@@ -66,6 +66,13 @@ def reusable_prefix(held: Sequence[int], feed: Feed) -> int:
     return common
 
 
+def padded_reserve(sequences: int, longest: int) -> int:
+    """Positions a padded cache may hold for ``sequences`` rows of at most ``longest`` tokens: every
+    row at the physical length, which holes may stretch to twice the longest (plus the slack)
+    before ``BatchRunner`` compacts."""
+    return sequences * (2 * longest + COMPACT_SLACK)
+
+
 def kv_bytes_per_token(model: Any) -> int:
     """Bytes of keys and values one position of ``model`` costs, over all layers."""
     config = getattr(model.config, "get_text_config", lambda: model.config)()
@@ -135,6 +142,11 @@ class BatchRunner:
     def kv_bytes_per_token(self) -> int:
         """Bytes of keys and values one position costs, over all layers."""
         return kv_bytes_per_token(self.model)
+
+    @staticmethod
+    def reserved_positions(sequences: int, longest: int) -> int:
+        """Positions the cache may hold for ``sequences`` rows of at most ``longest`` tokens."""
+        return padded_reserve(sequences, longest)
 
     # --- rows joining and leaving -------------------------------------------------------------
 

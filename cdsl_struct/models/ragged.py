@@ -115,12 +115,17 @@ class SlotCache:
         if rows <= self.rows and length <= self.length and not shrink:
             return
         if rows > self.rows:
-            self.rows = rows + max(MIN_SPARE_ROWS, rows // 4)
+            self.rows = self.grown(rows, MIN_SPARE_ROWS)
         if length > self.length or shrink:
-            self.length = length + max(MIN_SPARE_POSITIONS, length // 8)
+            self.length = self.grown(length, MIN_SPARE_POSITIONS, 8)
         for index, (keys, values) in enumerate(zip(self.keys, self.values, strict=True)):
             if keys is not None:
                 self.keys[index], self.values[index] = self._resized(keys), self._resized(values)
+
+    @staticmethod
+    def grown(need: int, least: int, share: int = 4) -> int:
+        """What a dimension grows to for ``need``: a ``share``-th more, at least ``least`` more."""
+        return need + max(least, need // share)
 
     def _resized(self, buffer: torch.Tensor) -> torch.Tensor:
         if buffer.shape[0] == self.rows and buffer.shape[2] == self.length:
@@ -369,6 +374,13 @@ class RaggedRunner:
     def kv_bytes_per_token(self) -> int:
         """Bytes of keys and values one position costs, over all layers."""
         return kv_bytes_per_token(self.model)
+
+    @staticmethod
+    def reserved_positions(sequences: int, longest: int) -> int:
+        """Positions the slot cache may hold for ``sequences`` rows of at most ``longest`` tokens: a
+        slot per row and the spare ones, each as long as the longest row and its spare room
+        (``SlotCache.reserve``), not the padded cache's twice the longest."""
+        return SlotCache.grown(sequences, MIN_SPARE_ROWS) * SlotCache.grown(longest, MIN_SPARE_POSITIONS, 8)
 
     # --- rows joining and leaving -------------------------------------------------------------
 
