@@ -304,6 +304,8 @@ class EngineLoad:
     runner_fallback: str | None = None
     """Why the target runs on the padded runner although the ragged one was wanted (the ragged
     runner failed its load-time self-check: ``models.self_check``), or None."""
+    ragged_runner: bool = False
+    """Whether the target runs on the ragged runner (else the padded one)."""
 
 
 class BatchEngine:
@@ -398,7 +400,8 @@ class BatchEngine:
                           self.runner.prefilled_positions,
                           self.runner.attended_valid / max(1, self.runner.attended_slots),
                           compiled.steps if compiled is not None else 0,
-                          compiled is not None and compiled.active, getattr(self.runner, "fallback_reason", None))
+                          compiled is not None and compiled.active, getattr(self.runner, "fallback_reason", None),
+                          bool(getattr(self.runner, "ragged", False)))
 
     # --- background loop ----------------------------------------------------------------------
 

@@ -352,9 +352,9 @@ def serve(host: str = "127.0.0.1", port: int = 8000, model: str = "smollm2", dra
                           extra_properties=extra_properties, max_prompt_tokens=max_prompt_tokens,
                           torch_compile=torch_compile)
     load = generator.load()
-    runner = "padded runner: the ragged one failed its self-check, " + load.runner_fallback \
-        if load.runner_fallback else "ragged runner" if getattr(generator.engine.runner, "ragged", False) \
-        else "padded runner"
+    runner = "ragged runner" if load.ragged_runner else "padded runner"
+    if load.runner_fallback:
+        runner += f" (the ragged one failed its self-check: {load.runner_fallback})"
     print(f"forward: {'torch.compile' if load.compiled_active else 'eager'} (torch_compile {torch_compile}), "
           f"{runner}", file=sys.stderr, flush=True)
     freeze_loaded_objects()

@@ -39,7 +39,7 @@ def test_serve_freezes_what_loading_made_before_it_listens(monkeypatch):
             events.append("load")
 
         def load(self):
-            return SimpleNamespace(compiled_active=False)
+            return SimpleNamespace(compiled_active=False, ragged_runner=True, runner_fallback=None)
 
     monkeypatch.setattr("cdsl_struct.api.Generator", LoadedGenerator)
     monkeypatch.setattr(app, "create_app", lambda generator, config: generator)
