@@ -55,7 +55,8 @@ def run(count, tokens):
     engine.close()
     return out
 run(2, 4)
-print(json.dumps(run(rows, max_tokens)))
+import cdsl_struct
+print(json.dumps({**run(rows, max_tokens), "package": cdsl_struct.__file__}))
 '''
 
 
@@ -99,8 +100,12 @@ def _compare(trees: dict[str, Path], args: argparse.Namespace) -> dict[int, dict
             for name, tree in trees.items():
                 env = {**os.environ, "PYTHONPATH": str(tree)}
                 proc = subprocess.run([sys.executable, "-c", MEASURE, str(rows), str(args.max_tokens),
-                                       str(args.threads)], env=env, capture_output=True, text=True, check=True)
-                results[rows][name].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+                                       str(args.threads)], env=env, cwd=tree, capture_output=True, text=True,
+                                      check=True)
+                result = json.loads(proc.stdout.strip().splitlines()[-1])
+                if not result["package"].startswith(str(tree)):
+                    raise RuntimeError(f"the {name} run imported {result['package']}, not the tree at {tree}")
+                results[rows][name].append(result)
     return results
 
 

@@ -71,6 +71,7 @@ def run_overhead_bench(config: OverheadConfig) -> dict[str, Any]:
     if config.threads:
         torch.set_num_threads(config.threads)
     try:
+        machine = _machine()  # with the bench's thread count
         _measure(model, tokenizer, compiled, 2, config)  # warm-up, untimed
         sizes = []
         for rows in config.rows:
@@ -86,7 +87,7 @@ def run_overhead_bench(config: OverheadConfig) -> dict[str, Any]:
         torch.set_num_threads(before)
     summary = {"host_ms": {entry["rows"]: entry["host_ms"] for entry in sizes},
                "host_reads_per_step": max(entry["host_reads_per_step"] for entry in sizes)}
-    return {"config": asdict(config), "machine": _machine(), "sizes": sizes, "summary": summary}
+    return {"config": asdict(config), "machine": machine, "sizes": sizes, "summary": summary}
 
 
 def _requests(tokenizer: Any, compiled: Any, rows: int, max_tokens: int) -> list[Request]:
