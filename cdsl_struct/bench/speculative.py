@@ -125,8 +125,9 @@ class OutlinesCoreLogitsProcessor:
 
 def hf_assistant_kind(model: Any) -> str:
     """The self-draft transformers' assisted generation gets as its assistant: the target's weights
-    in bfloat16 where bfloat16 is native (a GPU, a CPU with AVX-512 BF16 or AMX), else in int8
-    (an emulated bfloat16 assistant would only slow the baseline down)."""
+    in bfloat16 where bfloat16 is native (a GPU, a CPU with AVX-512 BF16 or AMX), else in int8,
+    the self-draft CDSL uses on a CPU (a converted bfloat16 one prefills at several times float32's
+    cost there, and its reorder crashed the bench on AVX2-only CPUs before ``models.packed`` knew)."""
     if model_device(model).type != "cpu" or cpu_has_native_bf16():
         return "bf16"
     return "int8"

@@ -134,3 +134,4 @@ def test_emulated_bf16_is_said_once_and_only_where_it_is_emulated(monkeypatch, c
         assert not device.note_emulated_bf16(torch.bfloat16, cpu, "the bf16 self-draft")
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 1 and "model 'smollm2'" in messages[0] and "dtype='float32'" in messages[0]
+    assert "by conversion" in messages[0]
