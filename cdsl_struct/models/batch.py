@@ -231,7 +231,7 @@ class BatchRunner:
         self.last_positions = self.rows * width
         self.last_fed = {row: len(tail) for row, tail in tails.items()}
         starts = [self.order.index(feed.row) * keep + keep - feed.keep for feed in feeds]
-        flat = logits.view(-1, logits.shape[-1])
+        flat = logits.reshape(-1, logits.shape[-1])  # the views below are of this tensor, whichever it is
         self.last_flat = (flat, starts)
         self._maybe_compact()
         return [flat[start:start + feed.keep] for start, feed in zip(starts, feeds, strict=True)]
