@@ -63,11 +63,3 @@ def penalise(logits: torch.Tensor, bans: Sequence[tuple[int, int]]) -> None:
         index = torch.tensor([rows, tokens], dtype=torch.long).to(logits.device, non_blocking=True)
         logits.index_put_((index[0], index[1]), torch.tensor(-PENALTY, dtype=logits.dtype, device=logits.device),
                           accumulate=True)
-
-
-def guard_loops(logits: torch.Tensor, output: Sequence[int], proposed: Sequence[int]) -> int:
-    """Penalise, in place, each position's cycle continuation; row ``i`` of ``logits`` scores the
-    position after ``output + proposed[:i]``. Returns how many positions were penalised."""
-    bans = loop_bans(output, proposed, logits.shape[0])
-    penalise(logits, bans)
-    return len(bans)

@@ -5,7 +5,7 @@ import torch
 
 from cdsl_struct import JsonSchema, compile
 from cdsl_struct.decoding.engine import BatchEngine, Request
-from cdsl_struct.decoding.loops import MIN_TOKENS, PENALTY, guard_loops, loop_continuation
+from cdsl_struct.decoding.loops import MIN_TOKENS, PENALTY, loop_bans, loop_continuation, penalise
 from cdsl_struct.models.batch import BatchRunner
 from cdsl_struct.prompts import prompt_ids
 
@@ -27,9 +27,10 @@ def test_loop_continuation(history, expected):
 def test_guard_penalises_each_scored_position_from_its_own_history():
     logits = torch.zeros(3, 10)
     output = [4, 5, 6] * 2 + [4, 5]
-    penalised = guard_loops(logits, output, proposed=[6, 4])
+    bans = loop_bans(output, [6, 4], positions=3)
+    penalise(logits, bans)
     # position 0 follows ...4 5 (no third round yet), position 1 follows ...4 5 6 (third round done)
-    assert penalised == 2
+    assert bans == [(1, 4), (2, 5)]
     assert logits[0].eq(0).all()
     assert logits[1, 4] == -PENALTY and logits[2, 5] == -PENALTY
 
