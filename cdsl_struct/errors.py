@@ -73,7 +73,7 @@ class OutputInvalid(CdslError):
     """A finished output that does not satisfy its constraint (an engine fault): never returned as valid."""
 
 
-class InvalidArgument(ValueError):
+class InvalidArgument(CdslError, ValueError):
     """A bad argument, with ``param``: the name of the one at fault (``generate``'s, which the
     server's request fields share), so that a 400 can name it."""
 
@@ -84,3 +84,39 @@ class InvalidArgument(ValueError):
 
 class PromptTooLong(CdslError, ValueError):
     """A prompt over the model's context (with ``max_tokens``) or the configured prompt limit."""
+
+
+class ConflictingConstraints(CdslError, ValueError):
+    """More than one hard constraint was given; ``given`` names them in the order passed."""
+
+    def __init__(self, message: str, given: list[str]) -> None:
+        super().__init__(message)
+        self.given = given
+
+
+class InvalidToolCall(CdslError, ValueError):
+    """A call's arguments do not validate against the tool's parameters schema."""
+
+
+class RequestCancelled(CdslError):
+    """Raised by ``Row.wait`` for a request cancelled before it started decoding."""
+
+
+class ModelNotFound(CdslError):
+    """A model name, path or id could not be resolved or loaded."""
+
+
+class DeviceUnavailable(CdslError):
+    """The requested device does not exist on this machine (or this torch build)."""
+
+
+class UnsupportedTokenizer(CdslError):
+    """The tokenizer's token-to-bytes scheme is not one cdsl_struct understands."""
+
+
+class RewardError(CdslError):
+    """A reward returned something that is not a number in [0, 1]."""
+
+
+class InputError(CdslError, ValueError):
+    """A bulk job's input file is unreadable as its JSON lines: says which line and why."""

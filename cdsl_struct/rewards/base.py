@@ -6,11 +6,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 
-from ..errors import CdslError
-
-
-class RewardError(CdslError):
-    """A reward returned something that is not a number in [0, 1]."""
+from ..errors import RewardError
 
 
 def checked_score(value: object, source: object = "reward") -> float:

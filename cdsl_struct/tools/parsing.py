@@ -16,15 +16,12 @@ from typing import Any
 
 import jsonschema
 
+from ..errors import InvalidToolCall
 from .definitions import CALL_MARKER, ToolCall, new_call_id
 from .request import ToolRequest
 
 _NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _ARGUMENTS_KEY = re.compile(r'\s*,\s*"arguments"\s*:\s*')
-
-
-class InvalidToolCall(ValueError):
-    """A call's arguments do not validate against the tool's parameters schema."""
 
 
 @dataclass
