@@ -436,6 +436,8 @@ class BatchEngine:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        if self.threads is not None:
+            self.threads.restore()
 
     def _loop(self) -> None:
         while True:

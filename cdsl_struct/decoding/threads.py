@@ -52,6 +52,12 @@ class ThreadGovernor:
             torch.set_num_threads(threads)
         return threads
 
+    def restore(self) -> None:
+        """Give torch back the thread count it had when the governor started (the count is
+        process-wide: other torch work in the process should not inherit the engine's choice)."""
+        if self.active and torch.get_num_threads() != self.choices[-1]:
+            torch.set_num_threads(self.choices[-1])
+
     def after_step(self, threads: int, seconds: float, positions: int) -> None:
         """Record a step's forward time over its fed positions at ``threads``."""
         if not self.active or positions <= 0:

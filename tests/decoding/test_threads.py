@@ -29,6 +29,9 @@ def test_it_moves_to_the_cheaper_count_and_back_when_the_load_changes(monkeypatc
     _run(governor, 40, {1: 1.4, 2: 0.8}, chosen)  # the neighbour left
     assert governor.current == 2 and governor.switches == 2
     assert chosen.count(1) <= 40 // 8 * 2 + 10  # one thread only for trials once two win again
+    threads[0] = 1
+    governor.restore()  # the engine closing: torch gets its own count back
+    assert threads[0] == 2
 
 
 def test_nothing_to_govern_with_one_thread(monkeypatch):
