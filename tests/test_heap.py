@@ -22,7 +22,8 @@ def test_garbage_is_collected_first_and_the_survivors_are_frozen():
         assert dead() is not None  # a cycle: only the collector frees it
         frozen = freeze_loaded_objects()
         assert dead() is None
-        assert frozen == gc.get_freeze_count() >= len(kept)
+        # other threads (an earlier test's server, ray) may free frozen objects, never add any
+        assert frozen >= gc.get_freeze_count() >= len(kept)
         oldest = {id(item) for item in gc.get_objects(generation=2)}
         assert not any(id(item) in oldest for item in kept)  # a full collection no longer walks them
     finally:
