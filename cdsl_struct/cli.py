@@ -378,6 +378,8 @@ def _commongen_arguments(gen: argparse.ArgumentParser) -> None:
     gen.add_argument("--draft", default=c.draft, help=f"CDSL draft: bf16, int8 or layers:N (default {c.draft})")
     gen.add_argument("--draft-lam", type=float, default=c.draft_lam,
                      help=f"CDSL draft: reward weight among its candidates, 0 = plain greedy (default {c.draft_lam})")
+    gen.add_argument("--no-loop-guard", dest="loop_guard", action="store_false",
+                     help="CDLH and CDSL: let a sentence write a block a third time in a row")
     gen.add_argument("--stop-below", type=float, default=c.stop_below,
                      help=f"CDSL draft: end a lookahead after an unsure own token (default p < {c.stop_below})")
     gen.add_argument("--no-suggest", dest="suggest", action="store_false",
@@ -396,7 +398,7 @@ def _commongen_config(args: argparse.Namespace) -> object:
         k=args.k, d=args.d, lam=args.lam, optimism=args.optimism, cdsl_d=args.cdsl_d,
         acceptance_threshold=args.a_t, reward_threshold=args.r_t, fallback=args.fallback,
         reward_on=args.reward_on, commit=args.commit, steer_ratio=args.steer_ratio, draft=args.draft,
-        draft_lam=args.draft_lam, suggest=args.suggest, stop_below=args.stop_below,
+        draft_lam=args.draft_lam, suggest=args.suggest, stop_below=args.stop_below, loop_guard=args.loop_guard,
     )
 
 

@@ -29,11 +29,12 @@ from typing import Any
 
 from ..constraints import Grammar, Regex, compile
 from ..decoding import CDLH, CDSL, CDSL_STATES, GuidedDraft, SamplingParams, decode
+from ..decoding.loops import SENTENCE_GUARD
 from ..models import ModelRunner, load_model, self_draft
 from ..rewards import KeywordCoverage
 from . import quality
 from .maskbench import read_jsonl
-from .sentence import LOOSE_SENTENCE, WORD_LIST_SIZE, real_word_share, sentence_grammar
+from .sentence import LOOSE_SENTENCE, WORD_LIST_SIZE, real_word_share, repeated_block, sentence_grammar
 
 PROMPT = "Write one short, natural sentence that uses all of these words: {words}."
 METHODS = ("greedy", "cdlh", "cdsl")
@@ -69,6 +70,8 @@ class CommonGenConfig:
     suggest: bool = True
     stop_below: float = 0.5
     draft: str = "int8"
+    loop_guard: bool = True
+    """CDLH's and CDSL's guard against writing a block a third time in a row (``decoding.loops``)."""
     cdsl_temperature: float = 0.0
     """0: CDSL accepts by greedy matching; > 0: by speculative sampling at this temperature
     (seeded per concept set), the target's own tokens sampled too."""
@@ -235,15 +238,17 @@ def merge_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
 def make_strategy(method: str, reward: KeywordCoverage, draft_runner: ModelRunner, config: CommonGenConfig) -> Any:
     if method == "greedy":
         return None
-    cdlh = CDLH(reward, k=config.k, d=config.d, lam=config.lam, optimism=config.optimism)
+    guard = SENTENCE_GUARD if config.loop_guard else None
+    cdlh = CDLH(reward, k=config.k, d=config.d, lam=config.lam, optimism=config.optimism, loop_guard=guard)
     if method == "cdlh":
         return cdlh
     if method == "cdsl":
         draft = GuidedDraft(draft_runner, reward, k=config.k, lam=config.draft_lam, optimism=config.optimism,
-                            suggest=config.suggest, stop_below=config.stop_below)
+                            suggest=config.suggest, stop_below=config.stop_below, loop_guard=guard)
         return CDSL(draft, reward, d=config.cdsl_d, acceptance_threshold=config.acceptance_threshold,
                     reward_threshold=config.reward_threshold, fallback=config.fallback, cdlh=cdlh,
-                    reward_on=config.reward_on, commit=config.commit, steer_ratio=config.steer_ratio)
+                    reward_on=config.reward_on, commit=config.commit, steer_ratio=config.steer_ratio,
+                    loop_guard=guard)
     raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
 
 
@@ -259,6 +264,8 @@ def method_metrics(sentences: list[dict[str, Any]], max_repeats: int) -> dict[st
         "hard_coverage": _mean(hard), "hard_coverage_ci95": quality.bootstrap_ci(hard),
         "soft_coverage": _mean(soft), "soft_coverage_ci95": quality.bootstrap_ci(soft),
         "complete": _mean([float(c) for c in complete]),
+        "cut_by_max_tokens": sum(s["finish_reason"] == "length" for s in sentences),
+        "repeated_block": sum(repeated_block(s["text"]) for s in sentences),
         "hard_coverage_complete": _mean([h * c for h, c in zip(hard, complete, strict=True)]),
         "nll": _mean(nlls),
         "nll_keyword_tokens": _pooled(sentences, "nll_keyword", lambda s: s["keyword_tokens"]),
@@ -310,13 +317,16 @@ def _report(rows: dict[str, list[dict[str, Any]]], states: dict[str, Counter],
 
 def format_table(report: dict[str, Any]) -> str:
     lines = [f"{'method':8s} {'hard':>6s} {'hard 95% CI':>14s} {'soft':>6s} {'complete':>8s} {'nll':>6s} "
-             f"{'real':>6s} {'>max':>5s} {'bleu':>6s} {'rougeL':>6s} {'wall s':>8s} {'passes':>7s} {'draft':>6s}"
+             f"{'real':>6s} {'>max':>5s} {'cut':>4s} {'loop':>4s} {'bleu':>6s} {'rougeL':>6s} {'wall s':>8s} "
+             f"{'passes':>7s} {'draft':>6s}"
              "  states"]
     for method, row in report["methods"].items():
         low, high = row["hard_coverage_ci95"]
         lines.append(f"{method:8s} {row['hard_coverage']:6.3f} {f'[{low:.3f}, {high:.3f}]':>14s} "
                      f"{row['soft_coverage']:6.3f} {row['complete']:8.3f} {row['nll']:6.3f} {row['real_words']:6.3f} "
-                     f"{row['over_max_repeats']:5.3f} {row['bleu'] or 0:6.2f} {row['rouge_l'] or 0:6.3f} "
+                     f"{row['over_max_repeats']:5.3f} {row.get('cut_by_max_tokens', -1):4d} "
+                     f"{row.get('repeated_block', -1):4d} "
+                     f"{row['bleu'] or 0:6.2f} {row['rouge_l'] or 0:6.3f} "
                      f"{row['wall_s']:8.1f} {row['target_passes']:7d} {row['draft_passes']:6d}  {row['states'] or ''}")
     lines.append("NLL per token on keyword tokens / the others: " + ", ".join(
         f"{method} {row.get('nll_keyword_tokens', math.nan):.3f} / {row.get('nll_other_tokens', math.nan):.3f}"

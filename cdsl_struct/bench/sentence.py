@@ -105,3 +105,15 @@ def real_word_share(text: str, keywords: Iterable[str] = ()) -> float:
     for keyword in keywords:
         known |= inflections(re.sub(r"_[A-Z]+$", "", keyword).lower())
     return sum(w in known or zipf_frequency(w, "en") >= REAL_WORD_ZIPF for w in words) / len(words)
+
+
+def repeated_block(text: str, times: int = 3, max_words: int = 8) -> bool:
+    """Whether ``text`` writes one block of up to ``max_words`` words ``times`` times in a row
+    (``"a body, a body, a body"``; punctuation between words is ignored, case too)."""
+    words = words_of(text)
+    for size in range(1, max_words + 1):
+        for start in range(len(words) - size * times + 1):
+            block = words[start:start + size]
+            if all(words[start + k * size:start + (k + 1) * size] == block for k in range(1, times)):
+                return True
+    return False

@@ -32,6 +32,7 @@ from ..models.batch import Feed
 from ..models.runner import ModelRunner
 from ..rewards.base import Reward, as_reward
 from .loop import MAX_FORCED, Proposal, Proposer, Session, fill_deferred_masks, forced_proposer, mask_positions, verify
+from .loops import SENTENCE_GUARD, LoopGuard
 from .sampling import choose, distribution, masked_logits
 from .strategy import MAIN, Passes, StepProgram
 
@@ -56,6 +57,9 @@ class CDLH:
     """Credit an unfinished roll-out with this share of the reward it may still earn,
     ``r + optimism * (1 - r)`` (times the share of the token budget left), so that ending early
     with the reward unmet scores lower."""
+    loop_guard: LoopGuard | None = SENTENCE_GUARD
+    """Candidates and roll-outs that would write a block of tokens a third time in a row are
+    pushed below every other allowed token (``decoding.loops``); None: off."""
 
     def __post_init__(self) -> None:
         _check_unit("optimism", self.optimism)
@@ -72,20 +76,23 @@ class CDLH:
         """Roll-out rows a step adds beside the sequence's own."""
         return self.k if self.d > 0 else 0
 
-    def steps(self, session: Session, logits: torch.Tensor | None = None) -> StepProgram:
-        """One CDLH step: the target's logits at the next position (``logits``, or one pass), the
-        top-k candidates' roll-outs, and the best candidate committed."""
+    def steps(self, session: Session, logits: torch.Tensor | None = None, guarded: bool = False) -> StepProgram:
+        """One CDLH step: the target's logits at the next position (``logits``, or one pass;
+        ``guarded``: they already carry the loop guard), the top-k candidates' roll-outs, and the
+        best candidate committed."""
         state = session.state
         if logits is None:
             logits = (yield Passes.target(Feed(MAIN, session.sequence)))[0][-1]
         masked = apply_bitmask(logits.clone(), session.current_mask())
+        if self.loop_guard is not None and not guarded:
+            session.stats.loop_guarded += self.loop_guard.guard(masked[None], session.output)
         logp = torch.log_softmax(masked, dim=-1)
         finite = int(torch.isfinite(logp).sum())
         if finite == 0:
             return []
         top = torch.topk(logp, min(self.k, finite))
         candidates = [int(t) for t in top.indices]
-        rollouts, ended = yield from greedy_rollouts(session, candidates, self.d)
+        rollouts, ended = yield from greedy_rollouts(session, candidates, self.d, self.loop_guard)
         best, best_score = candidates[0], -float("inf")
         for candidate, lp, rollout, end in zip(candidates, top.values.tolist(), rollouts, ended, strict=True):
             tokens = session.output + [candidate] + rollout
@@ -97,11 +104,13 @@ class CDLH:
         return [best]
 
 
-def greedy_rollouts(session: Session, candidates: list[int], d: int) -> StepProgram:
+def greedy_rollouts(session: Session, candidates: list[int], d: int,
+                    loop_guard: LoopGuard | None = None) -> StepProgram:
     """Greedy masked ``d``-token continuations by the target of every candidate next token after
     the session's sequence, and whether each ends the output: a program of ``d`` target passes,
     each roll-out a branch of the sequence's cache (local key ``("rollout", i)``); a roll-out that
-    ends or meets a dead end is fed no further."""
+    ends or meets a dead end is fed no further. ``loop_guard`` keeps each roll-out out of cycles
+    as the committed output is kept."""
     if d == 0:
         return [[] for _ in candidates], [output_ended(session, c) for c in candidates]
     states = []
@@ -121,6 +130,8 @@ def greedy_rollouts(session: Session, candidates: list[int], d: int) -> StepProg
         for i, row_logits in zip(live, logits, strict=True):
             states[i].fill_mask(row)
             choice = apply_bitmask(row_logits[-1].clone(), row)
+            if loop_guard is not None:
+                loop_guard.guard(choice[None], session.output + [candidates[i]] + rollouts[i])
             if not torch.isfinite(choice).any():
                 states[i].finished = True  # a dead end: the roll-out ends here
                 continue
@@ -228,14 +239,16 @@ class GuidedDraft:
     draft's own whose probability is below ``stop_below`` (the target is then likely to disagree,
     and drafting further would be wasted). With ``avoid_spent`` (default) the draft does not start
     a word the reward counts against the text if repeated (``SpentWords``), as CDSL's target does
-    not either: the repeat would cost reward that the lookahead could not win back.
+    not either: the repeat would cost reward that the lookahead could not win back. ``loop_guard``
+    keeps the draft from writing a block a third time in a row, as the target's guard would refuse
+    it (``decoding.loops``).
     """
 
     name = "guided-draft"
 
     def __init__(self, draft: ModelRunner | Any, reward: Reward | Any, k: int = 5, lam: float = 20.0,
                  optimism: float = 0.5, suggest: bool = True, stop_below: float = 0.5,
-                 avoid_spent: bool = True) -> None:
+                 avoid_spent: bool = True, loop_guard: LoopGuard | None = SENTENCE_GUARD) -> None:
         _check_unit("optimism", optimism)
         _check_unit("stop_below", stop_below)
         if k < 1:
@@ -247,6 +260,7 @@ class GuidedDraft:
         self.optimism, self.suggest, self.stop_below = optimism, suggest, stop_below
         self._words = SuggestedWords(self.reward)
         self._spent = SpentWords(self.reward) if avoid_spent else None
+        self.loop_guard = loop_guard
 
     def steps(self, session: Session, proposal: Proposal, budget: int) -> Generator[Passes, list[torch.Tensor], None]:
         """Extend ``proposal`` by up to ``budget`` tokens (advancing the state): a program of one
@@ -257,6 +271,8 @@ class GuidedDraft:
             mask = session.current_mask()
             prefix = session.output + proposal.tokens
             choice = masked_logits(logits, mask)
+            if self.loop_guard is not None:
+                self.loop_guard.guard(choice[None], prefix)
             if self._spent is not None:
                 choice = self._spent.guard(session, session.text_of(prefix), choice)
             logp = torch.log_softmax(choice, dim=-1)
@@ -339,6 +355,11 @@ class CDSL:
     (``Reward.spent``: a keyword already written ``max_repeats`` times; ``SpentWords``), where
     anything else is allowed: greedy, the target would otherwise repeat a keyword in a list it
     keeps going ("a game, a kid, a rock, a game"), and reward judged on endings never sees it."""
+    loop_guard: LoopGuard | None = SENTENCE_GUARD
+    """The target's choices and the draft's (when CDSL builds it, and its CDLH fallback when CDSL
+    builds that) never write a block of tokens a third time in a row (``decoding.loops``): the
+    reward judged on endings does not see a sentence that lists "a body, a body, a body" until
+    ``max_tokens``, and a target agrees with the cycle its draft started. None: off."""
     states: Counter = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
@@ -356,9 +377,9 @@ class CDSL:
         if self.reward_on == "auto":
             self.reward_on = "ending" if self.reward.earned_by_end else "text"
         if isinstance(self.draft, (ModelRunner, torch.nn.Module)):
-            self.draft = GuidedDraft(self.draft, self.reward)
+            self.draft = GuidedDraft(self.draft, self.reward, loop_guard=self.loop_guard)
         if self.cdlh is None:
-            self.cdlh = CDLH(self.reward)
+            self.cdlh = CDLH(self.reward, loop_guard=self.loop_guard)
         self._forced: Proposer = forced_proposer()
         self._spent = SpentWords(self.reward) if self.avoid_spent else None
 
@@ -386,6 +407,8 @@ class CDSL:
         logits = (yield Passes.target(Feed(MAIN, session.sequence + tokens, drafted + 1)))[0]
         fill_deferred_masks(session, proposal)
         masked = mask_positions(logits, proposal.masks)
+        if self.loop_guard is not None:
+            session.stats.loop_guarded += self.loop_guard.guard(masked, session.output, tokens)
         if self._spent is not None:
             for i in range(drafted + 1):
                 self._spent.guard(session, session.text_of(session.output + tokens[:i]), masked[i])
@@ -421,7 +444,9 @@ class CDSL:
         if self.fallback == "target":
             chosen = self._target_token(session, masked[keep], allow_ending=True)
         else:
-            chosen = yield from self.cdlh.steps(session, masked[keep] if self._spent is not None else logits[keep])
+            guarded = self._spent is not None or self.loop_guard is not None
+            chosen = yield from self.cdlh.steps(session, masked[keep] if guarded else logits[keep],
+                                                guarded=self.loop_guard is not None)
         return tokens[:keep] + chosen
 
     def _steer_holds(self, proposal: Proposal, masked: torch.Tensor, index: int) -> bool:

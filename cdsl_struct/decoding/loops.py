@@ -17,6 +17,7 @@ off (a legitimate output such as an array of many equal values is then not nudge
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -27,33 +28,73 @@ PENALTY = 1.0e4
 """Large enough to act as a ban, finite so a token the constraint forces still wins."""
 
 
+@dataclass(frozen=True)
+class LoopGuard:
+    """When a history counts as a cycle: its last tokens are one block of ``p`` tokens
+    (``p <= max_period``) repeated at least ``min_repeats`` times and ``min_tokens`` tokens in all.
+
+    The default suits structured output (an array of a few equal values is left alone);
+    ``SENTENCE_GUARD`` suits prose, where no block is written three times in a row: it stops the
+    third ("a body, a body, a" goes no further).
+    """
+
+    min_repeats: int = MIN_REPEATS
+    min_tokens: int = MIN_TOKENS
+    max_period: int = MAX_PERIOD
+
+    def __post_init__(self) -> None:
+        if self.min_repeats < 2:
+            raise ValueError(f"min_repeats must be >= 2, got {self.min_repeats}")
+        if self.min_tokens < 1 or self.max_period < 1:
+            raise ValueError("min_tokens and max_period must be >= 1")
+
+    def continuation(self, history: Sequence[int]) -> int | None:
+        """The token that would repeat the cycle ``history`` ends in, or None when it ends in none."""
+        length = len(history)
+        for period in range(1, self.max_period + 1):
+            span = period * max(self.min_repeats, -(-self.min_tokens // period))
+            if span > length:
+                if period * self.min_repeats > length:
+                    break
+                continue
+            start = length - span
+            if all(history[i] == history[i - period] for i in range(length - 1, start + period - 1, -1)):
+                return history[length - period]
+        return None
+
+    def bans(self, output: Sequence[int], proposed: Sequence[int], positions: int) -> list[tuple[int, int]]:
+        """The cycle continuations of ``positions`` consecutive positions, position ``i`` following
+        ``output + proposed[:i]``: ``(i, token)`` for each position whose history ends in a cycle."""
+        history = list(output)
+        bans = []
+        for i in range(positions):
+            if i:
+                history.append(proposed[i - 1])
+            token = self.continuation(history)
+            if token is not None:
+                bans.append((i, token))
+        return bans
+
+    def guard(self, logits: torch.Tensor, output: Sequence[int], proposed: Sequence[int] = ()) -> int:
+        """Penalise, in place, the cycle continuations of ``logits``' rows (row ``i`` follows
+        ``output + proposed[:i]``); how many were penalised."""
+        bans = self.bans(output, proposed, logits.shape[0])
+        penalise(logits, bans)
+        return len(bans)
+
+
+DEFAULT_GUARD = LoopGuard()
+SENTENCE_GUARD = LoopGuard(min_repeats=2, min_tokens=2)
+
+
 def loop_continuation(history: Sequence[int]) -> int | None:
-    """The token that would repeat the cycle ``history`` ends in, or None when it ends in none."""
-    length = len(history)
-    for period in range(1, MAX_PERIOD + 1):
-        span = period * max(MIN_REPEATS, -(-MIN_TOKENS // period))
-        if span > length:
-            if period * MIN_REPEATS > length:
-                break
-            continue
-        start = length - span
-        if all(history[i] == history[i - period] for i in range(length - 1, start + period - 1, -1)):
-            return history[length - period]
-    return None
+    """``DEFAULT_GUARD.continuation``."""
+    return DEFAULT_GUARD.continuation(history)
 
 
 def loop_bans(output: Sequence[int], proposed: Sequence[int], positions: int) -> list[tuple[int, int]]:
-    """The cycle continuations of ``positions`` consecutive positions, position ``i`` following
-    ``output + proposed[:i]``: ``(i, token)`` for each position whose history ends in a cycle."""
-    history = list(output)
-    bans = []
-    for i in range(positions):
-        if i:
-            history.append(proposed[i - 1])
-        token = loop_continuation(history)
-        if token is not None:
-            bans.append((i, token))
-    return bans
+    """``DEFAULT_GUARD.bans``."""
+    return DEFAULT_GUARD.bans(output, proposed, positions)
 
 
 def penalise(logits: torch.Tensor, bans: Sequence[tuple[int, int]]) -> None:

@@ -7,6 +7,7 @@ import pytest
 from cdsl_struct.bench.sentence import (
     common_words,
     real_word_share,
+    repeated_block,
     sentence_grammar,
     sentence_words,
     trie_regex,
@@ -76,3 +77,14 @@ def test_real_word_share():
     assert real_word_share("The dog ateam glassfulfilledglass.") == pytest.approx(2 / 4)
     assert real_word_share("A xqzzy.", keywords=["xqzzy_N"]) == 1.0  # keywords count as words
     assert real_word_share("") == 1.0
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("A body, a body, a body.", True),
+    ("Sit, table, lamp, lamp, lamp.", True),
+    ("The dog had had had enough.", True),
+    ("A body, a stone, a water, a body, a stone, a water.", False),  # twice is not three times
+    ("The dog had had enough of the dog.", False),
+])
+def test_repeated_block_finds_a_block_written_three_times_in_a_row(text, expected):
+    assert repeated_block(text) is expected

@@ -18,6 +18,7 @@ from cdsl_struct.decoding.lookahead import (
     optimistic_reward,
     state_ended,
 )
+from cdsl_struct.decoding.loops import SENTENCE_GUARD
 from cdsl_struct.models.runner import ModelRunner
 from cdsl_struct.rewards import CallableReward, KeywordCoverage, Reward, RewardError
 from tests.decoding.test_mechanics_tiny import PROMPT, letters_vocab, tiny_model
@@ -353,3 +354,31 @@ def test_spent_words_never_leave_a_position_without_a_token(setup):
     guarded = guard.guard(session, "ab", row.clone())
     assert guarded[0] == -float("inf") and guarded[1] == 0.5
     assert torch.equal(guard.guard(session, "bc", row.clone()), row)  # nothing spent yet
+
+
+def _thrice(tokens):
+    """Whether some block of tokens is written three times in a row."""
+    return any(tokens[i:i + p] == tokens[i + p:i + 2 * p] == tokens[i + 2 * p:i + 3 * p]
+               for p in range(1, len(tokens) // 3 + 1) for i in range(len(tokens) - 3 * p + 1))
+
+
+@pytest.mark.parametrize("method", ["cdlh", "cdsl-target", "cdsl-cdlh"])
+def test_keyword_rows_never_write_a_block_three_times(setup, method):
+    _, _, draft = setup
+    compiled = compile(Regex("[a-h]{2,16}"), letters_vocab(), backend="llguidance")
+    target = ModelRunner(tiny_model(3))  # greedy, it repeats itself: "eaeaea"
+    plain = decode(target, compiled, PROMPT, max_tokens=16)
+    assert _thrice(plain.tokens)
+
+    def strategy(guard):
+        # a reward met from the start: it never moves, as keyword coverage once every keyword is written
+        if method == "cdlh":
+            return CDLH(lambda text, final=False: 1.0, k=3, d=2, loop_guard=guard)
+        fallback = method.split("-")[1]
+        return CDSL(draft.runner, lambda text, final=False: 1.0, d=4, fallback=fallback, loop_guard=guard)
+
+    unguarded = decode(target, compiled, PROMPT, max_tokens=16, strategy=strategy(None))
+    assert _thrice(unguarded.tokens)  # the draft's cycle, agreed by the target, or the target's own
+    guarded = decode(target, compiled, PROMPT, max_tokens=16, strategy=strategy(SENTENCE_GUARD))
+    assert re.fullmatch("[a-h]{2,16}", guarded.text) and not _thrice(guarded.tokens)
+    assert guarded.stats.loop_guarded > 0

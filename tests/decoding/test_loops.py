@@ -5,7 +5,16 @@ import torch
 
 from cdsl_struct import JsonSchema, compile
 from cdsl_struct.decoding.engine import BatchEngine, Request
-from cdsl_struct.decoding.loops import MIN_TOKENS, PENALTY, loop_bans, loop_continuation, penalise
+from cdsl_struct.decoding.loops import (
+    DEFAULT_GUARD,
+    MIN_TOKENS,
+    PENALTY,
+    SENTENCE_GUARD,
+    LoopGuard,
+    loop_bans,
+    loop_continuation,
+    penalise,
+)
 from cdsl_struct.models.batch import BatchRunner
 from cdsl_struct.prompts import prompt_ids
 
@@ -57,3 +66,16 @@ def test_the_guard_ends_a_cycle_the_model_would_repeat_to_max_tokens(smollm2, lo
     assert unguarded.finish_reason == "length" and unguarded.stats.loop_guarded == 0, unguarded.text
     assert guarded.finish_reason == "stop" and guarded.complete and guarded.stats.loop_guarded > 0, guarded.text
     assert isinstance(guarded.value["items"], list)  # valid under the schema: parse_value checked it
+
+
+def test_the_sentence_guard_stops_the_third_repeat_and_the_default_is_unchanged():
+    twice = [1, 2, 3, 1, 2, 3]  # "a body, a body," : the block twice
+    assert SENTENCE_GUARD.continuation(twice) == 1
+    assert SENTENCE_GUARD.continuation([1, 2, 3, 1, 2]) is None  # once and a part
+    assert SENTENCE_GUARD.continuation([5, 5]) == 5  # "had had" goes no further
+    assert loop_continuation(twice) is None and DEFAULT_GUARD == LoopGuard()
+    assert SENTENCE_GUARD.bans([9], [1, 2, 3, 1, 2, 3], 7) == [(6, 1)]
+    logits = torch.zeros(2, 4)
+    assert SENTENCE_GUARD.guard(logits, [0, 0], [3]) == 1 and logits[0, 0] == -PENALTY and logits[1].eq(0).all()
+    with pytest.raises(ValueError, match="min_repeats"):
+        LoopGuard(min_repeats=1)
