@@ -31,7 +31,6 @@ from .constraints import (
     TokenVocabulary,
     compile,
 )
-from .constraints.closed_objects import close_objects
 from .constraints.specs import as_spec
 from .constraints.whitespace import DEFAULT_WHITESPACE
 from .decoding import DraftModelProposer, SamplingParams, build_proposers
@@ -137,7 +136,7 @@ class Generator:
     use). ``backend`` / ``whitespace`` / ``compile_timeout`` are passed to ``compile``; ``k`` is
     the number of tokens speculated per step. ``extra_properties``: False (the default, as in
     Outlines, XGrammar and vLLM) closes JSON objects that list ``properties`` to keys they do not
-    declare (``constraints.closed_objects``); True decodes schemas exactly as given.
+    declare (``constraints.closed_objects``, applied by ``compile()``); True decodes schemas exactly as given.
     ``max_prompt_tokens``: longer prompts raise ``PromptTooLong`` (the model's context always bounds them).
     ``loop_guard`` (default on): a row whose output starts repeating one block of tokens is
     steered out of the cycle instead of running to ``max_tokens`` (``decoding.loops``; target
@@ -338,28 +337,20 @@ class Generator:
                                  "given; regex, choices and grammar cannot be combined with tools")
             answer_format = spec.schema if spec is not None else None
             system = calls.system_prompt(answer_format)
-            if not self.extra_properties:
-                calls = _closed_tools(calls)
-                answer_format = close_objects(answer_format) if answer_format is not None else None
             compiled = self.compile(ToolCallsGrammar(calls, answer_format=answer_format, whitespace=self.whitespace),
                                     compile_timeout)
         else:
-            compiled = self.compile(self._closed(spec) if spec is not None else Regex(FREE_TEXT), compile_timeout)
+            compiled = self.compile(spec if spec is not None else Regex(FREE_TEXT), compile_timeout)
         return _Call(compiled, chosen, params, sampling, steer, calls, system,
                      spec if calls is not None else None)
 
-    def _closed(self, spec: ConstraintSpec) -> ConstraintSpec:
-        """``spec`` with objects closed to undeclared keys, unless this Generator allows them."""
-        if self.extra_properties or not isinstance(spec, JsonSchema):
-            return spec
-        closed = close_objects(spec.schema)
-        return spec if closed == spec.schema else JsonSchema(closed, model=spec.model)
-
-    def compile(self, spec: ConstraintSpec, timeout: float | None = None) -> CompiledConstraint:
-        """``spec`` compiled for this model's tokenizer (cached by ``cdsl_struct.compile``) within
-        ``timeout`` seconds (default: the Generator's ``compile_timeout``)."""
+    def compile(self, spec: Any, timeout: float | None = None) -> CompiledConstraint:
+        """``spec`` compiled for this model's tokenizer (cached by ``cdsl_struct.compile``, which
+        closes JSON objects unless this Generator has ``extra_properties``) within ``timeout``
+        seconds (default: the Generator's ``compile_timeout``)."""
         return compile(spec, self.vocabulary, backend=self.backend, whitespace=self.whitespace,
-                       timeout=self.compile_timeout if timeout is None else timeout)
+                       timeout=self.compile_timeout if timeout is None else timeout,
+                       extra_properties=self.extra_properties)
 
     def _encode(self, prompt: Any, chat: bool, system: str | None, max_tokens: int) -> list[int]:
         param = "prompt" if isinstance(prompt, str) else "messages"
@@ -453,14 +444,6 @@ def _answer_spec(*, schema: Any, regex: Any, choices: Any, grammar: Any) -> Cons
             raise ValueError("grammar must be Lark text, a .lark path or a shipped grammar's name")
         return Grammar(grammar)
     return None
-
-
-def _closed_tools(calls: ToolRequest) -> ToolRequest:
-    """``calls`` with every tool's parameters closed to undeclared keys."""
-    tools = tuple({**tool, "function": {**tool["function"],
-                                        "parameters": close_objects(tool["function"]["parameters"])}}
-                  for tool in calls.tools)
-    return replace(calls, tools=tools)
 
 
 def _read_calls(tools: ToolRequest, answer: ConstraintSpec | None, result: Result) -> Result:

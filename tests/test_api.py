@@ -307,14 +307,20 @@ def test_undeclared_keys_are_not_generated_unless_allowed(gen, smollm2):
     assert "additionalProperties" not in closed["$defs"]["mixin"]  # referenced from an allOf branch
     assert "additionalProperties" not in closed["allOf"][1]
     assert close_objects({"type": "object"}) == {"type": "object"}  # declares nothing: stays open
-    strict = gen.compile(gen._closed(cs.JsonSchema({"type": "object", "properties": {"a": {"type": "integer"}}})))
+    strict = gen.compile(cs.JsonSchema({"type": "object", "properties": {"a": {"type": "integer"}}}))
     loose = Generator(smollm2, draft=None, extra_properties=True)
     try:
-        free = loose.compile(loose._closed(cs.JsonSchema({"type": "object", "properties": {"a": {"type": "integer"}}})))
+        free = loose.compile(cs.JsonSchema({"type": "object", "properties": {"a": {"type": "integer"}}}))
     finally:
         loose.close()
     extra = gen.tokenizer.encode('{"a": 1, "b": 2}', add_special_tokens=False)  # the default spacing
     assert strict.new_state().validate(extra) < len(extra) and free.new_state().validate(extra) == len(extra)
+    # generate() compiles through cs.compile's rule: the same constraint as compile(Person, tokenizer)
+    schema_a = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    call = gen._resolve(cs.GenerationParams(), schema=schema_a, regex=None, choices=None, grammar=None, keywords=None,
+                        reward=None, tools=None, tool_choice="auto", parallel_tool_calls=True)
+    assert call.compiled is cs.compile(schema_a, gen.vocabulary) is strict
+    assert call.compiled.spec.schema["additionalProperties"] is False
 
 
 def test_stop_string_ends_where_the_constraint_accepts(gen):

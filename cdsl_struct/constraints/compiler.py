@@ -63,6 +63,7 @@ from typing import Any, TypeVar
 
 from ..errors import CompileError, CompileTimeout
 from .backends import BACKEND_NAMES, EngineProgram, get_backend
+from .closed_objects import closed_spec
 from .schema_rewrite import rewrite_schema
 from .specs import ConstraintSpec, JsonSchema, as_spec
 from .state import ConstraintState
@@ -126,6 +127,7 @@ def compile(  # noqa: A001 - the natural name, as in re.compile / xgrammar
     timeout: float | None = DEFAULT_TIMEOUT_S,
     eos_token_ids: Sequence[int] | None = None,
     cache: bool = True,
+    extra_properties: bool = False,
 ) -> CompiledConstraint:
     """Compile ``spec`` for ``tokenizer``.
 
@@ -133,7 +135,11 @@ def compile(  # noqa: A001 - the natural name, as in re.compile / xgrammar
     model). ``tokenizer``: a name (``"llama3"``...), path, HF tokenizer or ``TokenVocabulary``.
     ``backend``: ``"auto"``, ``"llguidance"`` or ``"outlines-core"``. ``whitespace``: JSON
     whitespace policy (see ``WhitespacePolicy``). ``timeout``: seconds per engine attempt.
-    ``cache=False`` compiles afresh and keeps nothing (benchmarks).
+    ``cache=False`` compiles afresh and keeps nothing (benchmarks). ``extra_properties``: False
+    (the default, as in ``generate()``, the server, Outlines, XGrammar and vLLM) closes JSON objects
+    that list ``properties`` to keys they do not declare (``closed_objects``; the compiled
+    ``spec`` is then the closed schema, whose outputs all satisfy the schema as given); True
+    compiles the schema exactly as given.
 
     Raises ``CompileError`` subclasses: ``InvalidSchema``, ``UnsatisfiableSchema``,
     ``UnsupportedFeature``, ``GrammarSyntaxError``, ``CompileTimeout``. When every engine
@@ -141,6 +147,8 @@ def compile(  # noqa: A001 - the natural name, as in re.compile / xgrammar
     exception is a bug, raised as itself without trying another engine.
     """
     spec = as_spec(spec)
+    if not extra_properties:  # the one place objects are closed: every entry point compiles here
+        spec = closed_spec(spec)
     vocabulary = (
         tokenizer if isinstance(tokenizer, TokenVocabulary)
         else TokenVocabulary.from_tokenizer(tokenizer, eos_token_ids)

@@ -17,8 +17,10 @@ parameters schema, so a complete output always parses into valid calls.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
+from ..constraints.closed_objects import close_objects
 from ..constraints.specs import Grammar
 from ..constraints.whitespace import DEFAULT_WHITESPACE, WhitespacePolicy
 from .definitions import CALL_MARKER
@@ -45,6 +47,19 @@ class ToolCallsGrammar(Grammar):
         object.__setattr__(self, "origin", "<tool calls>")
         object.__setattr__(self, "request", request)
         object.__setattr__(self, "answer_format", answer_format)
+        object.__setattr__(self, "whitespace", policy)
+
+    def with_closed_objects(self) -> ToolCallsGrammar:
+        """This grammar with every tool's parameters and the answer format closed to undeclared keys
+        (``constraints.closed_objects``, applied by ``compile()`` unless ``extra_properties=True``);
+        ``self`` when closing changes nothing."""
+        tools = tuple({**tool, "function": {**tool["function"],
+                                            "parameters": close_objects(tool["function"]["parameters"])}}
+                      for tool in self.request.tools)
+        answer = close_objects(self.answer_format) if self.answer_format is not None else None
+        if tools == self.request.tools and answer == self.answer_format:
+            return self
+        return ToolCallsGrammar(replace(self.request, tools=tools), answer_format=answer, whitespace=self.whitespace)
 
     def parser(self) -> Any:
         """The output as text: it is read into calls by ``parse_tool_output``, not by lark."""
