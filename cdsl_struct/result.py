@@ -115,6 +115,6 @@ def parse_value(spec: Any, text: str) -> Any:
                 raise OutputInvalid(f"the finished output does not satisfy {model.__name__}: {exc}") from None
         _check_schema(spec.schema, data)
         return data
-    if kind == "grammar":
+    if callable(getattr(spec, "parse", None)):  # a grammar (a lark.Tree), a typed spec (its value)
         return spec.parse(text)
     return text

@@ -13,10 +13,17 @@ and returns the equivalent ``JsonSchema``, ``Regex``, ``Choice`` or ``Grammar``:
   signature).
 
 The output constrained is exactly the one Outlines would constrain: regex-shaped types go through
-Outlines' own ``python_types_to_terms`` and ``to_regex``. Structured types become JSON Schema
-specs, so ``Result.value`` is parsed (a pydantic instance for models; a dataclass or TypedDict
-value for those). Literal and Enum types whose values are all strings become ``Choice`` specs
-without needing Outlines installed; everything else needs the extra ``outlines``.
+Outlines' own ``python_types_to_terms`` and ``to_regex``. Literal and Enum types whose values are all
+strings become ``Choice`` specs without needing Outlines installed; everything else needs the extra
+``outlines``.
+
+``Result.value`` is a value of the output type: structured types become JSON Schema specs (a
+pydantic instance for models; a dataclass or TypedDict value for those); a Python type form
+becomes a ``TypedRegex`` / ``TypedChoice`` / ``TypedGrammar``, a spec like its base whose ``parse``
+reads the finished text as the type (``typed_values``): ``list[int]`` gives ``[1, 2]``, ``int``
+gives ``3``, ``bool`` gives ``True``, ``str`` the text between the quotes, ``date`` a
+``datetime.date``, an ``Enum`` its member, ``dict`` (any JSON) a dict. Outlines' own terms
+(``types.Regex``, ``types.email``, the regex DSL) stay text, as in Outlines.
 """
 
 from __future__ import annotations
@@ -29,9 +36,88 @@ import typing
 from typing import Any
 
 from ..constraints.specs import Choice, ConstraintSpec, Grammar, JsonSchema, Regex, register_spec_converter
-from ..errors import UnsupportedFeature
+from ..errors import OutputInvalid, UnsupportedFeature
+from .typed_values import value_reader
 
-__all__ = ["is_output_type", "to_spec"]
+__all__ = ["TypedChoice", "TypedGrammar", "TypedRegex", "is_output_type", "to_spec"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TypedRegex(Regex):
+    """A ``Regex`` whose finished output is a value of a Python type: ``model.read(text)``.
+
+    ``model`` (a ``typed_values.ValueReader``, or anything with ``read``) is not part of the
+    constraint: the compile cache shares the engine program with the plain ``Regex`` and keeps one
+    compiled constraint per model, as for pydantic models."""
+
+    model: Any = dataclasses.field(default=None, compare=False)
+
+    def parse(self, text: str) -> Any:
+        """The value of a finished output (``OutputInvalid`` if it names none)."""
+        return self.model.read(text)
+
+
+class TypedChoice(Choice):
+    """A ``Choice`` whose chosen string is read by ``model.read`` (an ``Enum``'s member)."""
+
+    model: Any
+
+    def __init__(self, options: Any, model: Any) -> None:
+        super().__init__(options)
+        object.__setattr__(self, "model", model)
+
+    def parse(self, text: str) -> Any:
+        """The value of the chosen option."""
+        return self.model.read(text)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TypedGrammar(Grammar):
+    """A ``Grammar`` whose finished output is read by ``model.read`` instead of lark (``dict``'s
+    JSON grammar gives a dict)."""
+
+    model: Any = dataclasses.field(default=None, compare=False)
+
+    def parse(self, text: str) -> Any:
+        """The value of a finished output."""
+        return self.model.read(text)
+
+
+class _EnumReader:
+    """An all-string ``Enum``'s member from its value."""
+
+    def __init__(self, enum_type: type[enum.Enum]) -> None:
+        self.python_type = enum_type
+
+    def read(self, text: str) -> Any:
+        """The member whose value is ``text``."""
+        return self.python_type(text)
+
+
+class _JsonReader:
+    """Any JSON value (``dict`` under Outlines' JSON grammar, a JSON Schema with Outlines' whitespace)."""
+
+    def __init__(self, python_type: Any = None) -> None:
+        self.python_type = python_type
+
+    def read(self, text: str) -> Any:
+        """``text`` parsed as JSON, a dict where the type is ``dict``."""
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise OutputInvalid(f"the finished output is not JSON: {exc}") from None
+        if self.python_type is dict and not isinstance(value, dict):
+            raise OutputInvalid(f"the finished output is JSON but no object: {text[:80]!r}")
+        return value
+
+
+@functools.lru_cache(maxsize=256)
+def _enum_reader(enum_type: type[enum.Enum]) -> _EnumReader:
+    return _EnumReader(enum_type)
+
+
+_ANY_JSON = _JsonReader()
+_DICT_JSON = _JsonReader(dict)
 
 _TYPE_FORM_ORIGINS = (typing.Literal, typing.Union, list, tuple, dict)
 
@@ -76,7 +162,7 @@ def _native_spec(value: Any) -> ConstraintSpec | None:
     if isinstance(value, type) and issubclass(value, enum.Enum):
         options = tuple(member.value for member in value)
         if options and all(isinstance(option, str) for option in options) and not _enum_function_members(value):
-            return Choice(options)
+            return TypedChoice(options, _enum_reader(value))
         return None
     if isinstance(value, type) and hasattr(value, "model_json_schema"):
         return JsonSchema(value)
@@ -135,6 +221,37 @@ def _outlines_spec(value: Any) -> ConstraintSpec:
         raise ImportError(
             f"{value!r} is an Outlines output type; install the extra: pip install 'cdsl_struct[outlines]'"
         ) from exc
+    if not isinstance(value, dsl.Term):
+        return _typed(_term_spec(_python_term(value, dsl)), value)
+    return _term_spec(value)
+
+
+def _python_term(value: Any, dsl: Any) -> Any:
+    """Outlines' term of a Python type form (``TypeError`` for a value that is none)."""
+    try:
+        return dsl.python_types_to_terms(value)
+    except (TypeError, RecursionError) as exc:
+        raise TypeError(f"not an output type cdsl_struct or Outlines understands: {value!r} ({exc})") from None
+
+
+def _typed(spec: ConstraintSpec, python_type: Any) -> ConstraintSpec:
+    """``spec`` (the constraint of a Python type form) with the reader of the type's values."""
+    if isinstance(spec, JsonSchema):
+        return spec  # a callable's or genson builder's schema: parsed JSON already
+    if isinstance(spec, Grammar):
+        return TypedGrammar(spec.source, model=_DICT_JSON if python_type is dict else _ANY_JSON)
+    if isinstance(spec, Choice):
+        return TypedChoice(spec.options, value_reader(python_type))
+    if isinstance(spec, Regex):  # every field of the spec kept, the reader added
+        given = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.init}
+        return TypedRegex(**given, model=value_reader(python_type))
+    return spec
+
+
+def _term_spec(value: Any) -> ConstraintSpec:
+    """The spec of an Outlines term (its output is text, as in Outlines, but for JSON Schema terms)."""
+    from outlines.types import dsl
+
     if isinstance(value, dsl.JsonSchema):
         schema = json.loads(value.schema)
         if value.whitespace_pattern is None:
@@ -142,19 +259,16 @@ def _outlines_spec(value: Any) -> ConstraintSpec:
         # Outlines' own whitespace rule is part of the constraint: keep it exactly, as a regex.
         from outlines_core.json_schema import build_regex_from_schema
 
-        return Regex(build_regex_from_schema(value.schema, value.whitespace_pattern))
+        return TypedRegex(build_regex_from_schema(value.schema, value.whitespace_pattern), model=_ANY_JSON)
     if isinstance(value, dsl.CFG):
         return Grammar(value.definition)
     if isinstance(value, dsl.Regex):
         return Regex(value.pattern)
     if isinstance(value, dsl.Choice) and value.items and all(isinstance(i, str) for i in value.items):
         return Choice(value.items)
-    try:
-        term = dsl.python_types_to_terms(value)
-    except (TypeError, RecursionError) as exc:
-        raise TypeError(f"not an output type cdsl_struct or Outlines understands: {value!r} ({exc})") from None
+    term = _python_term(value, dsl)
     if isinstance(term, dsl.JsonSchema | dsl.CFG | dsl.Regex):
-        return _outlines_spec(term)
+        return _term_spec(term)
     if isinstance(term, dsl.String):
         return Choice([term.value])
     try:
