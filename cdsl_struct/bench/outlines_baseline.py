@@ -42,7 +42,7 @@ class OutlinesBaseline:
         if spec.kind == "json_schema":
             return types.JsonSchema(json.dumps(spec.schema), whitespace_pattern=self.whitespace)
         if spec.kind == "regex":
-            return types.Regex(spec.pattern)
+            return types.Regex(spec.engine_pattern)  # the language our engines compile
         if spec.kind == "choice":
             return types.Choice(list(spec.options))
         if spec.kind == "grammar":

@@ -69,17 +69,32 @@ class JsonSchema(ConstraintSpec):
 
 @dataclass(frozen=True)
 class Regex(ConstraintSpec):
-    """Output fully matches a regular expression (no lookarounds or backreferences)."""
+    """Output fully matches a regular expression (no lookarounds or backreferences).
+
+    The class escapes mean exactly what they mean in a JSON Schema ``pattern`` here (ECMA-262):
+    ``\\d`` is ``[0-9]`` and ``\\w`` is ``[0-9a-zA-Z_]`` (``\\D``, ``\\W`` their complements, also
+    inside classes such as ``[\\d_]``), while ``\\s``/``\\S`` keep Unicode whitespace; see
+    ``json_schema_classes``. ``unicode=True`` keeps the engines' Unicode meanings instead (``\\d``
+    then admits every Unicode decimal digit, such as ``"٣"`` or ``"🯸"``; ``\\w`` every letter).
+    """
 
     pattern: str
+    unicode: bool = False
+    engine_pattern: str = field(init=False, repr=False, compare=False)
+    """The regex the engines compile: ``pattern`` through ``json_schema_classes`` unless ``unicode``."""
     kind = "regex"
 
     def __post_init__(self) -> None:
         check_regex(self.pattern)
+        if not isinstance(self.unicode, bool):
+            raise TypeError(f"Regex(unicode=...) must be a bool, got {type(self.unicode).__name__}")
+        engine = self.pattern if self.unicode else json_schema_classes(self.pattern)
+        object.__setattr__(self, "engine_pattern", engine)
 
     @property
     def key(self) -> str:
-        return "regex:" + self.pattern
+        """The pattern, marked when ``unicode``: the flag changes what the engines compile."""
+        return ("regex-unicode:" if self.unicode else "regex:") + self.pattern
 
 
 @dataclass(frozen=True)
@@ -101,6 +116,11 @@ class Choice(ConstraintSpec):
     def pattern(self) -> str:
         """The options as one regex alternation, each option matched literally."""
         return "|".join(f"({escape_regex(option)})" for option in self.options)
+
+    @property
+    def engine_pattern(self) -> str:
+        """The regex the engines compile: ``pattern`` as it is (the options are literals)."""
+        return self.pattern
 
     @property
     def key(self) -> str:
@@ -271,6 +291,24 @@ _UNSUPPORTED_GROUPS = {
 def escape_regex(text: str) -> str:
     """Escape ``text`` so both engines (Rust regex syntax) match it literally."""
     return "".join("\\" + ch if ch in _REGEX_META else ch for ch in text)
+
+
+JSON_SCHEMA_ASCII_CLASSES = "dw"
+"""The class escapes a JSON Schema ``pattern`` reads as ASCII sets (ECMA-262): ``\\d``/``\\D`` and
+``\\w``/``\\W``; ``\\s``/``\\S`` stay Unicode. llguidance's JSON Schema compiler rewrites every
+``pattern`` with ``llguidance.regex_to_lark(pattern, use_ascii="dw")`` ("JavaScript or JSON Schema
+semantics"; outlines-core refuses ``pattern``, see ``outlines_core_schema``), so that is the one rule."""
+
+
+def json_schema_classes(pattern: str) -> str:
+    """``pattern`` with ``\\d``, ``\\D``, ``\\w``, ``\\W`` (also inside character classes) spelled as
+    the ASCII sets a JSON Schema ``pattern`` gives them, by the very function llguidance applies to a
+    schema's ``pattern`` (``JSON_SCHEMA_ASCII_CLASSES``). ``[\\d_]`` becomes ``[[0-9]_]``, a nested class
+    both engines (Rust ``regex`` syntax) read as a union; a ``/`` comes back escaped, which both read
+    as ``/``. The result is for the engines, not for Python's ``re``."""
+    import llguidance  # the engine's own rewrite, so that the two paths cannot drift apart
+
+    return llguidance.regex_to_lark(pattern, use_ascii=JSON_SCHEMA_ASCII_CLASSES)
 
 
 MAX_NESTING = 64

@@ -200,3 +200,79 @@ def test_finished_outputs_parse_with_one_shared_parser_per_grammar():
     assert _shared_parser.cache_info().misses == built
     with pytest.raises(lark.exceptions.LarkError):
         spec.parse("1+")
+
+
+# --- regex class escapes: \d, \w mean what a JSON Schema pattern makes them mean (ASCII) ---------
+
+# segmented digit 8 (U+1FBF8), Arabic-Indic 3, Devanagari 0, fullwidth 2
+NON_ASCII_DIGITS = ("\U0001fbf8", "\u0663", "\u0966", "\uff12")
+
+
+def first_mask(compiled, prefix=""):
+    """The byte strings of the tokens allowed after ``prefix``."""
+    vocab = compiled.vocabulary
+    state, row = compiled.new_state(), allocate_bitmask(vocab.size)
+    for token in vocab.encode(prefix) if prefix else []:
+        state.advance(token)
+    state.fill_mask(row)
+    return {vocab.token_bytes[t] for t in allowed_tokens(row, vocab.size) if t not in vocab.eos_token_ids}
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "outlines-core"])
+def test_regex_digit_class_is_ascii_unless_unicode(vocab_of, backend):
+    vocab = vocab_of("smollm2")
+    ascii_digits = compile(Regex(r"\d"), vocab, backend=backend, cache=False)
+    allowed = first_mask(ascii_digits)
+    assert b"2" in allowed
+    assert allowed == {str(d).encode() for d in range(10)}  # no byte >= 0x80: no start of U+1FBF8, U+0663...
+    assert allowed == first_mask(compile(Regex("[0-9]"), vocab, backend=backend, cache=False))
+    unicode_digits = compile(Regex(r"\d", unicode=True), vocab, backend=backend, cache=False)
+    assert any(byte >= 0x80 for token in first_mask(unicode_digits) for byte in token)
+    for digit in NON_ASCII_DIGITS:
+        assert run_text(ascii_digits, digit) == (False, False), digit
+        assert run_text(unicode_digits, digit) == (True, True), digit
+    date = compile(Regex(r"\d{4}-\d{2}-\d{2}"), vocab, backend=backend, cache=False)
+    assert run_text(date, "2024-01-31") == (True, True)
+    assert run_text(date, "\U0001fbf8\U0001fbf8\U0001fbf82-20-20")[0] is False  # the README's example output
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "outlines-core"])
+@pytest.mark.parametrize(("pattern", "inside", "outside"), [
+    (r"[\d_]+", ["1_2", "__"], ["\u0663", "a"]),
+    (r"\w+", ["abc_1", "Z9"], ["\u00e9", "\u0663", "\u4e2d"]),
+    (r"\D", ["a", "\u0663", "\u00e9"], ["2"]),
+    (r"\W", ["!", "\u00e9", "\u0663"], ["a", "_", "7"]),
+    (r"[^\w\s]", ["!", "\u00e9"], ["a", " ", "1"]),
+    (r"\s", [" ", "\t", "\u00a0", "\u3000"], ["a", "_"]),  # \s keeps Unicode whitespace, as in JSON Schema
+])
+def test_regex_classes_inside_and_outside(vocab_of, backend, pattern, inside, outside):
+    compiled = compile(Regex(pattern), vocab_of("smollm2"), backend=backend, cache=False)
+    for text in inside:
+        assert run_text(compiled, text) == (True, True), text
+    for text in outside:
+        assert run_text(compiled, text) != (True, True), text
+
+
+@pytest.mark.parametrize("escape", ["d", "w", "D", "W"])
+def test_regex_classes_match_the_json_schema_pattern_path(vocab_of, escape):
+    """Inside a JSON string (after its opening quote) a schema's ``pattern`` admits the same tokens as
+    the regex, once the string's closing quote is cut off a token and the characters JSON spells
+    otherwise (quote, backslash, controls and DEL, which llguidance escapes) are left out."""
+    def plain(tokens):
+        return {t for t in tokens if t and not any(b in b'"\\\x7f' or b < 0x20 for b in t)}
+
+    vocab = vocab_of("smollm2")
+    regex = first_mask(compile(Regex(f"\\{escape}"), vocab, backend="llguidance", cache=False))
+    schema = JsonSchema({"type": "string", "pattern": f"^\\{escape}$"})
+    in_json = first_mask(compile(schema, vocab, backend="llguidance", whitespace="compact", cache=False), '"')
+    assert plain(t.removesuffix(b'"') for t in in_json) == plain(regex)
+
+
+def test_regex_unicode_flag_is_part_of_the_cache_key(vocab_of):
+    vocab = vocab_of("smollm2")
+    ascii_digits = compile(Regex(r"\d"), vocab)
+    unicode_digits = compile(Regex(r"\d", unicode=True), vocab)
+    assert ascii_digits is not unicode_digits
+    assert compile(Regex(r"\d"), vocab) is ascii_digits and compile(Regex(r"\d", unicode=True), vocab) is unicode_digits
+    assert unicode_digits.spec.unicode and not ascii_digits.spec.unicode
+    assert run_text(unicode_digits, "\u0663") == (True, True) and run_text(ascii_digits, "\u0663") == (False, False)

@@ -15,7 +15,8 @@ from cdsl_struct.constraints.backends.outlines_core_backend import OutlinesCoreB
 from cdsl_struct.constraints.backends.outlines_core_process import WORKERS
 from cdsl_struct.result import parse_value
 
-SLOW_ON_OUTLINES_CORE = r"\w{1,200}"  # ~50 s to index on GPT-2's vocabulary
+# ~50 s to index on GPT-2's vocabulary with Unicode \w (with the default ASCII \w: about 1 s)
+SLOW_ON_OUTLINES_CORE = Regex(r"\w{1,200}", unicode=True)
 
 
 def _pet_model() -> type[pydantic.BaseModel]:
@@ -69,7 +70,7 @@ def test_outlines_core_timeout_stops_the_engine(vocab_of):
     workers_were_alive = workers <= _child_pids()
     start = time.monotonic()
     with pytest.raises(CompileTimeout, match="longer than 1 s"):
-        compile(Regex(SLOW_ON_OUTLINES_CORE), vocab, backend="outlines-core", timeout=1.0, cache=False)
+        compile(SLOW_ON_OUTLINES_CORE, vocab, backend="outlines-core", timeout=1.0, cache=False)
     assert time.monotonic() - start < 1.0 + 1.0
     assert not [t for t in threading.enumerate() if t.name.startswith("cdsl-compile-outlines")]
     assert workers and workers_were_alive
@@ -85,7 +86,7 @@ def test_auto_falls_back_when_outlines_core_times_out(vocab_of, monkeypatch):
     monkeypatch.setattr(LLGuidanceBackend, "compile", refuse)
     start = time.monotonic()
     with pytest.raises(CompileTimeout) as info:  # not the refusal: with more time it might compile
-        compile(Regex(SLOW_ON_OUTLINES_CORE), vocab_of("gpt2"), timeout=0.5, cache=False)
+        compile(SLOW_ON_OUTLINES_CORE, vocab_of("gpt2"), timeout=0.5, cache=False)
     assert time.monotonic() - start < 0.5 + 1.0
     assert [name for name, _ in info.value.attempts] == ["llguidance", "outlines-core"]
     assert "longer than" in info.value.attempts[1][1] and "not today" in str(info.value)
@@ -189,7 +190,7 @@ def test_outlines_core_workers_are_capped_and_a_compile_waits_within_its_timeout
     vocab = vocab_of("gpt2")
     try:
         with ThreadPoolExecutor(1) as background:
-            slow = background.submit(compile, Regex(SLOW_ON_OUTLINES_CORE), vocab, backend="outlines-core",
+            slow = background.submit(compile, SLOW_ON_OUTLINES_CORE, vocab, backend="outlines-core",
                                      timeout=3.0, cache=False)
             time.sleep(0.5)  # the slow one holds the only worker
             with pytest.raises(CompileTimeout, match="no worker was free"):

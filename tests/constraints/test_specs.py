@@ -169,3 +169,31 @@ def test_a_recursive_schema_that_builds_structure_is_fine():
     node = {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/t"}}}}
     tree = {"$defs": {"t": node}, "$ref": "#/$defs/t"}
     JsonSchema(tree)
+
+
+@pytest.mark.parametrize(("pattern", "engine"), [
+    (r"\d{4}-\d{2}", "[0-9]{4}-[0-9]{2}"),
+    (r"[\d_]+", "[[0-9]_]+"),
+    (r"[^\d]\D", "[^[0-9]][^0-9]"),
+    (r"\w\W", "[0-9a-zA-Z_][^0-9a-zA-Z_]"),
+    (r"\s\S", r"\s\S"),  # as in a JSON Schema pattern: Unicode whitespace
+    (r"\\d", r"\\d"),  # a backslash, then d
+    ("[a-z]+", "[a-z]+"),
+])
+def test_regex_class_escapes_mean_the_json_schema_ascii_sets(pattern, engine):
+    spec = Regex(pattern)
+    assert spec.engine_pattern == engine
+    assert Regex(pattern, unicode=True).engine_pattern == pattern
+
+
+def test_regex_unicode_flag_is_in_the_key_and_equality():
+    assert Regex(r"\d").key != Regex(r"\d", unicode=True).key
+    assert Regex(r"\d") != Regex(r"\d", unicode=True)
+    assert Regex(r"\d") == Regex(r"\d") and Regex(r"\d").key == Regex(r"\d").key
+    with pytest.raises(TypeError, match="bool"):
+        Regex(r"\d", unicode="yes")
+
+
+def test_choice_keeps_its_literal_pattern():
+    options = Choice([r"\d", "a/b", "x_1"])
+    assert options.engine_pattern == options.pattern == r"(\\d)|(a/b)|(x_1)"

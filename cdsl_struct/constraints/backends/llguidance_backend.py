@@ -71,7 +71,7 @@ def _grammar_for(spec: ConstraintSpec, whitespace: WhitespacePolicy) -> str:
     if isinstance(spec, JsonSchema):
         return llguidance.LLMatcher.grammar_from_json_schema(spec.schema, overrides=_json_options(whitespace))
     if isinstance(spec, (Regex, Choice)):
-        return llguidance.LLMatcher.grammar_from_regex(spec.pattern)
+        return llguidance.LLMatcher.grammar_from_regex(spec.engine_pattern)
     if isinstance(spec, Grammar):
         return llguidance.LLMatcher.grammar_from_lark(spec.text)
     raise CompileError(f"llguidance cannot compile {type(spec).__name__}")

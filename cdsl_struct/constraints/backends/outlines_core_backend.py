@@ -56,7 +56,7 @@ def _regex_for(spec: ConstraintSpec, whitespace: WhitespacePolicy) -> str:
         except (ValueError, RuntimeError) as exc:
             raise CompileError(f"outlines-core: {exc}") from None
     if isinstance(spec, (Regex, Choice)):
-        return spec.pattern
+        return spec.engine_pattern
     if isinstance(spec, Grammar):
         raise UnsupportedFeature(
             "outlines-core cannot compile Lark grammars; use backend='llguidance' or 'auto'",

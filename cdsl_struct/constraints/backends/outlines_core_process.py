@@ -1,9 +1,9 @@
 """outlines-core indexes built in worker processes, so that a compile past its timeout can be stopped.
 
-Building an ``outlines_core.Index`` has no limit of its own (``\\w{1,200}`` takes about 50 s on
-GPT-2's vocabulary) and cannot be interrupted from Python. A compile with a timeout therefore
-runs in a worker process (``outlines_core_worker``), which is killed when the timeout passes;
-the ``Index`` pickles back to the parent in well under a millisecond per 30 kB.
+Building an ``outlines_core.Index`` has no limit of its own (``Regex(r"\\w{1,200}", unicode=True)``
+takes about 50 s on GPT-2's vocabulary) and cannot be interrupted from Python. A compile with a
+timeout therefore runs in a worker process (``outlines_core_worker``), which is killed when the
+timeout passes; the ``Index`` pickles back to the parent in well under a millisecond per 30 kB.
 
 Workers are kept between compiles (at most ``MAX_IDLE_WORKERS`` idle), each holding the
 vocabularies it was sent, so a warm compile costs one round trip, about 4 ms (and the
