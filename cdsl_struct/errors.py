@@ -40,6 +40,21 @@ class GrammarSyntaxError(CompileError):
         self.column = column
 
 
+class UnknownGrammar(CompileError, ValueError):
+    """A grammar given by name (a bare identifier, see ``Grammar``) that is not a shipped grammar.
+
+    ``name`` is the name asked for, ``known`` the shipped names, ``suggestion`` the closest of them
+    (``None`` when none is close).
+    """
+
+    def __init__(self, message: str, *, name: str, known: tuple[str, ...] = (),
+                 suggestion: str | None = None) -> None:
+        super().__init__(message)
+        self.name = name
+        self.known = known
+        self.suggestion = suggestion
+
+
 class CompileTimeout(CompileError):
     """Compiling took longer than the allowed timeout."""
 

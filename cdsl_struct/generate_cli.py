@@ -110,6 +110,7 @@ def _prompt(argument: str | None) -> str:
 
 
 def _constraint_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """``generate``'s constraint arguments; files and grammar names are read here, before any model loads."""
     kwargs: dict[str, Any] = {}
     if args.schema:
         kwargs["schema"] = Path(args.schema).read_text(encoding="utf-8")
@@ -118,7 +119,9 @@ def _constraint_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     if args.choices:
         kwargs["choices"] = [c.strip() for group in args.choices for c in group.split(",") if c.strip()]
     if args.grammar:
-        kwargs["grammar"] = args.grammar
+        from .constraints.specs import Grammar
+
+        kwargs["grammar"] = Grammar(args.grammar)  # read (and any unknown name refused) before the model loads
     if args.keywords:
         kwargs["keywords"] = [w.strip() for w in args.keywords.split(",") if w.strip()]
     return kwargs

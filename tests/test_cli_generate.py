@@ -87,6 +87,17 @@ def test_bad_input_is_one_clean_line(capsys, argv, message):
     assert message in err and "Traceback" not in err
 
 
+def test_an_unknown_grammar_name_fails_before_the_model_loads(capsys, monkeypatch):
+    def no_model(name, **options):
+        raise AssertionError("the model was loaded before the grammar name was checked")
+
+    monkeypatch.setattr(api, "load_model", no_model)
+    code, out, err = run(capsys, "--grammar", "arithmetics", "1+1?")
+    assert code == EXIT_ERROR and out == "" and len(err.strip().splitlines()) == 1
+    assert "unknown grammar name 'arithmetics'" in err and "did you mean 'arithmetic'" in err
+    assert "sql_select" in err
+
+
 def test_two_constraints_are_refused_by_the_parser(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["generate", "--regex", "a", "--choices", "a,b", "hi"])

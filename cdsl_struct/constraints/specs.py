@@ -6,6 +6,7 @@ here, before any engine sees it) and has a stable ``key`` used to cache compiled
 
 from __future__ import annotations
 
+import difflib
 import functools
 import json
 import re
@@ -25,7 +26,7 @@ except ImportError:  # pragma: no cover - Python 3.10
     import sre_constants  # type: ignore[no-redef]
     import sre_parse  # type: ignore[no-redef]
 
-from ..errors import GrammarSyntaxError, InvalidSchema, UnsatisfiableSchema, UnsupportedFeature
+from ..errors import GrammarSyntaxError, InvalidSchema, UnknownGrammar, UnsatisfiableSchema, UnsupportedFeature
 
 GRAMMARS_DIR = Path(__file__).resolve().parents[2] / "grammars"
 
@@ -132,7 +133,9 @@ class Grammar(ConstraintSpec):
     """Output parses under a Lark grammar (rule ``start``).
 
     ``source`` is grammar text, a path to a ``.lark`` file, or the name of a grammar shipped in
-    ``grammars/`` (``"json"``, ``"arithmetic"``, ``"sql_select"``, ``"function_call"``).
+    ``grammars/`` (``"json"``, ``"arithmetic"``, ``"sql_select"``, ``"function_call"``). A string
+    that is one bare identifier (``GRAMMAR_NAME``) is always a name: one that is not shipped raises
+    ``UnknownGrammar`` (naming the shipped ones and the closest), never a Lark syntax error.
     """
 
     source: Any
@@ -367,6 +370,29 @@ class GrammarText(str):
     """Lark text that must not be read as a path or a name (see ``Grammar.from_text``)."""
 
 
+GRAMMAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+"""What ``Grammar`` reads as a grammar's name rather than Lark text: a string that is one identifier
+in full (letters, digits, ``_`` and ``-``, not starting with a digit or ``-``). Lark text must define
+at least ``start:``, so such a string can never be a grammar; a name that is not a shipped grammar
+raises ``UnknownGrammar`` at once instead of failing later as a syntax error."""
+
+
+def shipped_grammars() -> tuple[str, ...]:
+    """The names of the grammars shipped in ``grammars/`` (file names without ``.lark``), sorted."""
+    return tuple(sorted(path.stem for path in GRAMMARS_DIR.glob("*.lark"))) if GRAMMARS_DIR.is_dir() else ()
+
+
+def unknown_grammar(name: str) -> UnknownGrammar:
+    """The ``UnknownGrammar`` for ``name``: it lists the shipped names and suggests the closest one."""
+    known = shipped_grammars()
+    close = difflib.get_close_matches(name, known, n=1)
+    suggestion = close[0] if close else None
+    hint = f"did you mean {suggestion!r}? " if suggestion else ""
+    listed = f"shipped grammars: {', '.join(known)}" if known else "no grammars are shipped with this install"
+    return UnknownGrammar(f"unknown grammar name {name!r}: {hint}{listed} (a grammar is Lark text, a path to a "
+                          ".lark file, or one of those names)", name=name, known=known, suggestion=suggestion)
+
+
 def _read_grammar(source: Any) -> tuple[str, str]:
     if isinstance(source, GrammarText):
         return str(source), "<grammar text>"
@@ -374,8 +400,10 @@ def _read_grammar(source: Any) -> tuple[str, str]:
         return source.read_text(encoding="utf-8"), str(source)
     if not isinstance(source, str):
         raise TypeError("a grammar is Lark text, a path to a .lark file, or a shipped grammar's name")
-    shipped = GRAMMARS_DIR / f"{source}.lark"
-    if "\n" not in source and shipped.exists():
+    if GRAMMAR_NAME.fullmatch(source):
+        shipped = GRAMMARS_DIR / f"{source}.lark"
+        if source not in shipped_grammars():
+            raise unknown_grammar(source)
         return shipped.read_text(encoding="utf-8"), str(shipped)
     if "\n" not in source and source.endswith(".lark"):
         path = Path(source)

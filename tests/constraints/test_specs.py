@@ -13,6 +13,7 @@ from cdsl_struct import (
     InvalidSchema,
     JsonSchema,
     Regex,
+    UnknownGrammar,
     UnsatisfiableSchema,
     UnsupportedFeature,
 )
@@ -89,6 +90,34 @@ def test_shipped_grammar_by_name_and_path():
     assert Grammar(by_name.origin).text == by_name.text
     with pytest.raises(GrammarSyntaxError, match="does not exist"):
         Grammar("missing.lark")
+
+
+@pytest.mark.parametrize(("name", "suggestion"), [("arithmetics", "arithmetic"), ("jsn", "json"),
+                                                  ("sql-select", "sql_select"), ("start", None), ("xyz_9", None)])
+def test_an_unknown_grammar_name_is_refused_naming_the_shipped_ones(name, suggestion):
+    with pytest.raises(UnknownGrammar) as info:
+        Grammar(name)
+    error = info.value
+    assert isinstance(error, CompileError) and isinstance(error, ValueError)
+    assert error.name == name and error.suggestion == suggestion
+    assert error.known == ("arithmetic", "function_call", "json", "sql_select")
+    assert all(known in str(error) for known in error.known)
+    assert (f"did you mean {suggestion!r}" in str(error)) == (suggestion is not None)
+    assert "\n" not in str(error)  # one line, as the CLI prints it
+
+
+@pytest.mark.parametrize("text", ["start: NAME\nNAME: /[a-z]+/\n", 'start: "a"', "?start: \"x\" | \"y\""])
+def test_lark_text_is_still_read_as_text(text):
+    assert Grammar(text).text == text
+
+
+def test_shipped_grammar_names_come_from_the_grammars_folder():
+    from cdsl_struct.constraints.specs import GRAMMAR_NAME, GRAMMARS_DIR, shipped_grammars
+
+    assert shipped_grammars() == tuple(sorted(p.stem for p in GRAMMARS_DIR.glob("*.lark")))
+    assert all(GRAMMAR_NAME.fullmatch(name) for name in shipped_grammars())
+    for not_a_name in ("start: x", "a b", "x.lark", "1abc", "-x", "x\n"):
+        assert not GRAMMAR_NAME.fullmatch(not_a_name)
 
 
 def test_whitespace_policies():
