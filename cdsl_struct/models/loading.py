@@ -17,6 +17,7 @@ from typing import Any
 from ..errors import ModelNotFound
 from ..paths import cache_dir
 from .device import model_device, note_emulated_bf16, resolve_device, resolve_dtype
+from .names import unresolvable
 from .tokenizers import load_tokenizer, smollm2_gguf_path
 
 DEFAULT_MODEL = "smollm2"
@@ -58,8 +59,11 @@ def load_model(spec: str | Path = DEFAULT_MODEL, *, device: Any = "auto", dtype:
                pack: bool = True) -> LoadedModel:
     """Load a model for decoding, in eval mode, on ``device``.
 
-    ``spec``: ``"smollm2"`` (the embedded default, SmolLM2-135M-Instruct), a ``.gguf`` file, a
-    local folder with ``config.json``, or an HF id already in the local HF cache.
+    ``spec``: ``"smollm2"`` (the embedded default, SmolLM2-135M-Instruct) or another name in
+    ``KNOWN_MODELS``, a ``.gguf`` file, a local folder with ``config.json``, or an HF id
+    ``org/name`` (a bare id such as ``gpt2`` only when already in the local HF cache). Any other
+    name raises ``ModelNotFound`` at once, naming the known models and the closest one
+    (``models.names``), before anything is fetched.
     ``device``: ``"auto"`` (cuda, then mps, then cpu), ``"cpu"``, ``"cuda"``, ``"cuda:N"``,
     ``"mps"`` or a ``torch.device``. ``dtype``: ``"auto"`` (bfloat16 on a GPU that supports it and
     on a CPU with native bfloat16 instructions, else float32: ``device.resolve_dtype``),
@@ -67,11 +71,15 @@ def load_model(spec: str | Path = DEFAULT_MODEL, *, device: Any = "auto", dtype:
     ``pack``: on the CPU, run the linear layers on prepacked oneDNN weights (``models.packed``:
     the decode step's matmuls 1.7-3.6x faster, one more copy of the weights in memory).
     """
+    name = str(spec)
+    if name not in KNOWN_MODELS and not name.endswith(".gguf"):
+        problem = unresolvable(name, KNOWN_MODELS, "model")
+        if problem:  # before any download, hub request or device work: a typo fails at once
+            raise ModelNotFound(f"could not load model {name!r}: {problem}")
     from transformers import AutoModelForCausalLM
 
     target_device = resolve_device(device)
     dtype = resolve_dtype(dtype, target_device)
-    name = str(spec)
     if name == DEFAULT_MODEL:
         folder = prepared_gguf(smollm2_gguf_path(), "smollm2-135m-instruct")
         tokenizer = load_tokenizer("smollm2")

