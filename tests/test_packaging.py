@@ -1,0 +1,32 @@
+"""The built distribution carries what users and type checkers need: the ``py.typed`` marker (PEP 561)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import cdsl_struct
+
+ROOT = Path(cdsl_struct.__file__).resolve().parents[1]
+
+
+def test_the_package_is_marked_typed():
+    assert (Path(cdsl_struct.__file__).parent / "py.typed").is_file()
+
+
+def test_the_wheel_ships_py_typed(tmp_path):
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(ROOT / "cdsl_struct", source / "cdsl_struct", ignore=shutil.ignore_patterns("__pycache__"))
+    build = ("import sys; from setuptools import build_meta; "
+             "print(build_meta.build_wheel(sys.argv[1]))")
+    done = subprocess.run([sys.executable, "-c", build, str(tmp_path / "dist")], cwd=source, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    wheel = tmp_path / "dist" / done.stdout.strip().splitlines()[-1]
+    assert "cdsl_struct/py.typed" in zipfile.ZipFile(wheel).namelist()
