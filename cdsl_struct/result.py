@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -11,16 +12,52 @@ if TYPE_CHECKING:
 
 
 def _check_schema(schema: Any, data: Any) -> None:
+    """``OutputInvalid`` when ``data`` fails ``schema``; ``InvalidSchema`` when the schema cannot judge it.
+
+    A value is returned only once the schema has accepted it. The schema was checked when its spec
+    was made, but the dict can be changed after that, and a spec-like object may skip the check:
+    so it is checked again here (against its metaschema, the same ``check_json_schema`` rule, cached
+    per schema text) and a schema that fails, or whose validation cannot run (a ``$ref`` that
+    resolves nowhere, an unknown type, a pattern Python cannot read), raises ``InvalidSchema``,
+    the error the spec itself raises for such a schema: the schema is at fault, not the output
+    (``OutputInvalid`` is an engine's fault), and its output is never passed as validated.
+    """
+    import re
+
     import jsonschema
+    import referencing.exceptions
 
-    from .errors import OutputInvalid
+    from .errors import InvalidSchema, OutputInvalid
 
+    _check_usable(schema)
     try:
         error = jsonschema.exceptions.best_match(jsonschema.validators.validator_for(schema)(schema).iter_errors(data))
-    except jsonschema.exceptions.SchemaError:
-        return  # the schema was checked when the spec was made; a meta-schema quirk is not the output's fault
+    except (jsonschema.exceptions.SchemaError, jsonschema.exceptions.UnknownType, referencing.exceptions.Unresolvable,
+            re.error) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise InvalidSchema(f"the schema cannot judge the finished output, so no value is returned: {first}") from exc
     if error is not None:
         raise OutputInvalid(f"the finished output does not satisfy the schema: {error.message}")
+
+
+def _check_usable(schema: Any) -> None:
+    """``InvalidSchema`` (or ``UnsatisfiableSchema``) unless ``schema`` passes the spec's own check."""
+    from .errors import InvalidSchema
+
+    try:
+        text = json.dumps(schema)
+    except (TypeError, ValueError) as exc:
+        raise InvalidSchema(f"the schema is not JSON ({exc}), so the finished output cannot be judged") from None
+    _checked_schema_text(text)
+
+
+@functools.lru_cache(maxsize=256)
+def _checked_schema_text(text: str) -> bool:
+    """Check one schema (as JSON text) once: a valid schema's check is cached, a failing one raises."""
+    from .constraints.specs import check_json_schema
+
+    check_json_schema(json.loads(text))
+    return True
 
 
 @dataclass
@@ -97,7 +134,9 @@ def parse_value(spec: Any, text: str) -> Any:
 
     JSON is validated against the schema as given (``jsonschema``; a pydantic model validates
     its own instance): an output an engine let through that the schema refuses raises
-    ``OutputInvalid`` rather than being returned as a value.
+    ``OutputInvalid`` rather than being returned as a value, and a schema that cannot be used to
+    judge it (invalid, or a ``$ref`` that resolves nowhere) raises ``InvalidSchema``: a value is
+    never returned unvalidated.
     """
     kind = getattr(spec, "kind", "")
     if kind == "json_schema":
