@@ -16,8 +16,8 @@ so models with the same JSON Schema share one engine program, but each gets a
 Timeouts: an engine cannot be interrupted from Python, so each backend says how its timeout is
 enforced (``Backend.enforces_timeout``):
 
-- outlines-core's ``Index`` build has no limit of its own (``\\w{1,200}`` runs ~50 s on GPT-2's
-  vocabulary), so with a timeout it runs in a worker process that is killed when the timeout
+- outlines-core's ``Index`` build has no limit of its own (Unicode ``\\w{1,200}``, ``unicode=True``,
+  runs ~50 s on GPT-2's vocabulary), so with a timeout it runs in a worker process that is killed when the timeout
   passes, and the pickled ``Index`` comes back (``backends/outlines_core_process.py``). Measured
   on 2 cores: a warm worker adds a ~4 ms round trip, yet compiles are faster there (Llama-3,
   date regex 0.15 s vs 0.61 s in process; a small object schema 0.40 s vs 0.96 s), because the
