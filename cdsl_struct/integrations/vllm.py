@@ -23,9 +23,17 @@ library's engine (``decoding.loops``, ``cdsl_loop_guard``, on by default) penali
 that would start a repeating block once more. A request without ``cdsl_*`` arguments is left
 alone. A bad constraint is refused at admission (``validate_params``: HTTP 400) when the
 processor knows the tokenizer there — always with the launcher below, or when
-``CDSL_VLLM_TOKENIZER`` names it; otherwise only its spec is checked at admission, and a
-constraint that then fails to compile in the engine ends its request at once with no text
-(logged), never unconstrained.
+``CDSL_VLLM_TOKENIZER`` names it; otherwise only its spec is checked at admission.
+
+In the engine, a request's constraint compiles in a thread pool, not on vLLM's engine thread: the
+step's forward pass runs meanwhile, and a row whose constraint is still compiling when its logits
+are masked is waited for then (a logits processor cannot hold a row back as vLLM's scheduler
+holds a request whose own grammar compiles; a row never samples unconstrained). A row whose
+constraint fails to compile there, or for which vLLM sampled a token the constraint refuses (e.g.
+``min_tokens`` masking EOS where only EOS is allowed), is ended at once (logged). vLLM's API lets a
+logits processor neither abort a request nor mark it failed, so vLLM reports that row as a
+``"stop"``: ``check_output(output, params, tokenizer)`` is the caller's check, raising the typed
+compile error or ``OutputInvalid`` for it, never passing it as valid.
 
 Server: ``python -m cdsl_struct.integrations.vllm --model DIR [vLLM's options]`` starts vLLM's
 OpenAI server with the processor loaded and the tokenizer known for admission checks; requests
@@ -45,16 +53,21 @@ import os
 import runpy
 import shutil
 import sys
+import threading
+import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from ..constraints import Choice, CompiledConstraint, ConstraintState, Grammar, JsonSchema, Regex, TokenVocabulary
 from ..constraints import compile as compile_constraint
+from ..constraints.compiler import DEFAULT_TIMEOUT_S
 from ..constraints.mask import allocate_bitmask, apply_bitmask, clear_bitmask, set_bit
 from ..decoding.loops import PENALTY, loop_continuation
-from ..errors import CdslError
+from ..errors import CdslError, CompileTimeout, InvalidArgument, OutputInvalid
 from ..options import one_constraint
 
 try:  # vLLM is optional: without it, the request helpers still work and the processor says what to install
@@ -64,7 +77,7 @@ except ImportError:  # pragma: no cover - exercised where vLLM is not installed
     LogitsProcessor = object  # type: ignore[misc,assignment]
     MoveDirectionality = None  # type: ignore[misc,assignment]
 
-__all__ = ["ARG_KEYS", "CdslLogitsProcessor", "constraint_args", "spec_from_args", "vllm_model_dir"]
+__all__ = ["ARG_KEYS", "CdslLogitsProcessor", "check_output", "constraint_args", "spec_from_args", "vllm_model_dir"]
 
 _log = logging.getLogger(__name__)
 PREFIX = "cdsl_"
@@ -76,6 +89,12 @@ GUARD_KEY = "cdsl_loop_guard"
 """1 (the default, as in this library's engine) or 0: steer a row out of a repeating cycle."""
 TOKENIZER_ENV = "CDSL_VLLM_TOKENIZER"
 PROCESSOR_PATH = "cdsl_struct.integrations.vllm:CdslLogitsProcessor"
+COMPILE_WORKERS = 4
+"""Threads that compile the engine's new constraints, off vLLM's engine thread (vLLM's own
+structured-output manager also compiles in a thread pool)."""
+WAIT_LIMIT_S = 2 * DEFAULT_TIMEOUT_S
+"""The longest a row's step waits for its constraint, from the moment it joined the batch (its
+compile has ``DEFAULT_TIMEOUT_S`` of its own; the rest is room for a queue of compiles)."""
 
 
 def constraint_args(*, schema: Any = None, regex: str | None = None, grammar: str | None = None,
@@ -161,29 +180,100 @@ def compile_request(extra_args: Mapping[str, Any] | None, tokenizer: str) -> Com
     return compile_constraint(spec, vocabulary_for(tokenizer), **options)
 
 
-class _Row:
-    """One constrained request of the batch: its state, the output tokens vLLM appends to, and
-    whether the loop guard watches them."""
+_executor_lock = threading.Lock()
+_executor: ThreadPoolExecutor | None = None
 
-    def __init__(self, state: ConstraintState | None, output: list[int], guard: bool = True) -> None:
-        self.state = state  # None: its constraint failed in the engine; the row may only end (EOS)
+
+def _compile_pool() -> ThreadPoolExecutor:
+    """The threads that compile the engine's constraints (made once, on first use)."""
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(COMPILE_WORKERS, thread_name_prefix="cdsl-vllm-compile")
+        return _executor
+
+
+class _Row:
+    """One constrained request of the batch: its constraint (compiling, ready or failed), the
+    output tokens vLLM appends to, and whether the loop guard watches them."""
+
+    def __init__(self, output: list[int], guard: bool = True, *,
+                 pending: Future[CompiledConstraint | None] | None = None) -> None:
         self.output = output
         self.guard = guard
+        self.pending = pending  # the compile, until its result is taken
+        self.deadline = time.monotonic() + WAIT_LIMIT_S
+        self.state: ConstraintState | None = None
+        self.error: BaseException | None = None  # set: the row failed and may only end (EOS); its output is invalid
         self.seen = 0
 
+    @property
+    def ready(self) -> bool:
+        """Whether taking the compile's result would not wait."""
+        return self.pending is None or self.pending.done()
+
+    def take(self) -> None:
+        """The compiled constraint's fresh state, or the row's failure: waits for the compile
+        when it is still running (its row's logits are needed now)."""
+        if self.pending is None:
+            return
+        future, self.pending = self.pending, None
+        try:
+            compiled = future.result(timeout=max(0.0, self.deadline - time.monotonic()))
+        except FutureTimeout:
+            self.fail(CompileTimeout(f"the constraint was not compiled within {WAIT_LIMIT_S:g} s of the "
+                                     "request joining the batch"))
+            return
+        except Exception as exc:  # noqa: BLE001 - a request's bad constraint must not stop the engine
+            self.fail(exc)
+            return
+        if compiled is None:  # unreachable: a row is only made for a request that names a constraint
+            self.fail(RuntimeError("the request carries no constraint"))
+            return
+        self.state = compiled.new_state()
+
     def catch_up(self) -> None:
-        """Advance the state by the tokens sampled since the last step."""
-        if self.state is None or len(self.output) <= self.seen:
+        """Advance the state by the tokens sampled since the last step; a token the constraint
+        refuses (vLLM sampled outside the mask: see ``CdslLogitsProcessor``) fails the row."""
+        if self.state is None or self.error is not None or len(self.output) <= self.seen:
             return
         new = self.output[self.seen:]
-        if any(t < 0 for t in new):  # vLLM fills sampled ids in before processors run, also when async
-            raise RuntimeError("a sampled token is still a placeholder; masking from an older state is unsound")
-        self.state.advance(new)
+        try:
+            if any(t < 0 for t in new):  # vLLM fills sampled ids in before processors run, also when async
+                raise RuntimeError("a sampled token is still a placeholder; masking from an older state is unsound")
+            self.state.advance(new)
+        except Exception as exc:  # noqa: BLE001 - InvalidToken above all; never mask from a stale state
+            self.fail(exc)
+            return
         self.seen = len(self.output)
+
+    def fail(self, error: BaseException) -> None:
+        """End the row: from now on it may only sample EOS; the error is logged (once)."""
+        if self.error is None:
+            self.error = error
+            _log.error("cdsl_struct: a constrained request failed in the engine (%s: %s); it ends now and "
+                       "its output does not satisfy its constraint, although vLLM reports it as a stop "
+                       "(check_output raises for it)", type(error).__name__, error)
 
 
 class CdslLogitsProcessor(LogitsProcessor):
-    """Masks each request that carries ``cdsl_*`` extra arguments to what its constraint allows."""
+    """Masks each request that carries ``cdsl_*`` extra arguments to what its constraint allows.
+
+    A new request's constraint compiles in a thread of its own (``COMPILE_WORKERS`` of them) while
+    vLLM's engine thread goes on: ``update_state`` only starts it. vLLM holds back a request whose
+    own structured-output grammar is still compiling, but a logits processor cannot hold back a
+    row, so ``apply`` masks the rows whose constraint is ready first and then, only if some row's
+    is not, waits for those (all compiling at once, since the step's forward pass began): a row
+    never samples an unconstrained token.
+
+    A row fails when its constraint does not compile or when vLLM sampled a token its state
+    refuses (another mask left the row no allowed token, e.g. ``min_tokens`` over a complete
+    output, or ``allowed_token_ids`` / ``bad_words`` disjoint from the constraint): it is forced to
+    EOS, the one way a logits processor can end a request, and logged. vLLM then reports it as a
+    ``"stop"``, since its API lets a processor neither abort a request nor give it the error
+    status vLLM's own backends give a rejected token; ``check_output`` is the caller's check, and
+    raises for such an output.
+    """
 
     _tokenizer_seen: str | None = None
 
@@ -219,7 +309,8 @@ class CdslLogitsProcessor(LogitsProcessor):
         return False
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
-        """Follow vLLM's batch: requests removed, added (compiled here) and moved between rows."""
+        """Follow vLLM's batch: requests removed, added (their compile started, not waited for)
+        and moved between rows."""
         if batch_update is None:
             return
         for index in batch_update.removed:
@@ -237,44 +328,100 @@ class CdslLogitsProcessor(LogitsProcessor):
                 self.rows[a] = second
 
     def _new_row(self, extra_args: Any, output: list[int]) -> _Row | None:
-        try:
-            compiled = compile_request(extra_args, self.tokenizer)
-        except Exception:  # noqa: BLE001 - a request's bad constraint must not stop the engine
-            _log.exception("cdsl_struct: a request's constraint failed to compile in the engine; it ends now")
-            return _Row(None, output)
-        if compiled is None:
+        """The row of a request with ``cdsl_*`` arguments, its constraint compiling in the pool;
+        None for any other request."""
+        extra = dict(extra_args or {})
+        if not any(str(key).startswith(PREFIX) for key in extra):
             return None
-        return _Row(compiled.new_state(), output, bool((extra_args or {}).get(GUARD_KEY, 1)))
+        guard = bool(extra.get(GUARD_KEY, 1))
+        if all(extra.get(key) is None for key in ARG_KEYS):  # options alone: checked here, nothing to compile
+            try:
+                spec_from_args(extra)
+            except Exception as exc:  # noqa: BLE001 - a request's bad arguments must not stop the engine
+                row = _Row(output, guard)
+                row.fail(exc)
+                return row
+            return None
+        return _Row(output, guard, pending=_compile_pool().submit(compile_request, extra, self.tokenizer))
 
     def apply(self, logits: Any) -> Any:
         """Mask the constrained rows' logits (one bitmask fill per row, one masked write), after
         the loop guard's penalty on a row's cycle continuation (``decoding.loops``: before the
-        mask, so a token the constraint forces still wins)."""
+        mask, so a token the constraint forces still wins). Rows whose constraint is ready are
+        filled first; a row whose constraint is still compiling is waited for last."""
         if not self.rows:
             return logits
         indices = sorted(i for i in self.rows if i < logits.shape[0])
+        if not indices:
+            return logits
         if len(indices) > self.bitmask.shape[0]:
             self.bitmask = allocate_bitmask(self.vocabulary.size, len(indices))
-        for slot, index in enumerate(indices):
-            row = self.rows[index]
-            mask = self.bitmask[slot]
-            try:
-                row.catch_up()
-            except Exception:  # noqa: BLE001 - vLLM sampled a token the mask forbade: end the row
-                _log.exception("cdsl_struct: request row %d left its constraint; it ends now", index)
-                row.state = None
-            if row.state is None:
-                clear_bitmask(mask)
-                set_bit(mask, self.vocabulary.eos_token_ids[0])
-            else:
-                row.state.fill_mask(mask)
-                repeat = loop_continuation(row.output) if row.guard else None
-                if repeat is not None:
-                    logits[index, repeat] -= PENALTY
+        slots = sorted(enumerate(indices), key=lambda slot_index: not self.rows[slot_index[1]].ready)
+        for slot, index in slots:  # the ready rows first, those still compiling last (stable order)
+            self._fill(self.rows[index], self.bitmask[slot], logits, index)
         rows = logits[indices]
         apply_bitmask(rows, self.bitmask[:len(indices)])
         logits[indices] = rows
         return logits
+
+    def _fill(self, row: _Row, mask: Any, logits: Any, index: int) -> None:
+        """One row's mask (EOS alone for a failed row) and loop-guard penalty."""
+        row.take()
+        row.catch_up()
+        if row.error is not None or row.state is None:
+            clear_bitmask(mask)
+            set_bit(mask, self.vocabulary.eos_token_ids[0])
+            return
+        row.state.fill_mask(mask)
+        repeat = loop_continuation(row.output) if row.guard else None
+        if repeat is not None:
+            logits[index, repeat] -= PENALTY
+
+
+def _field(output: Any, name: str) -> Any:
+    return output.get(name) if isinstance(output, Mapping) else getattr(output, name, None)
+
+
+def check_output(output: Any, params: Any, tokenizer: str | os.PathLike[str]) -> None:
+    """Raise unless ``output`` satisfies the constraint its request carried: the caller's check,
+    since vLLM reports a row the processor had to end (``CdslLogitsProcessor``) as a ``"stop"``.
+
+    ``output``: a vLLM ``RequestOutput`` (each of its completions is checked), a
+    ``CompletionOutput``, or an OpenAI-server choice asked for with ``return_token_ids`` (its
+    ``token_ids`` and ``finish_reason``, as attributes or keys). ``params``: the request's
+    ``SamplingParams`` or its ``extra_args``. ``tokenizer``: the served model's folder (or a name
+    ``load_tokenizer`` knows). Nothing is checked for a request without a constraint.
+
+    Raises the constraint's typed ``CompileError`` (``InvalidSchema``, ``UnsatisfiableSchema``...)
+    when it does not compile, as it did not in the engine; ``OutputInvalid`` when a token is one
+    the constraint refuses or the output stopped before the constraint was complete (also a stop
+    string or stop token cutting it); ``InvalidArgument`` when ``output`` carries no token ids. A
+    ``"length"`` output is a prefix, and passes when every token is allowed.
+    """
+    completions = _field(output, "outputs")
+    if completions is not None:
+        for completion in completions:
+            check_output(completion, params, tokenizer)
+        return
+    extra = params if params is None or isinstance(params, Mapping) else getattr(params, "extra_args", None)
+    compiled = compile_request(extra, os.fspath(tokenizer))
+    if compiled is None:
+        return
+    token_ids, finish = _field(output, "token_ids"), _field(output, "finish_reason")
+    if token_ids is None:
+        raise InvalidArgument("the output carries no token ids: ask the server with return_token_ids", param="output")
+    tokens = [int(t) for t in token_ids]
+    state = compiled.new_state()
+    ended = bool(tokens) and tokens[-1] in state.vocabulary.eos_token_ids
+    body = tokens[:-1] if ended else tokens
+    accepted = state.validate(body)
+    if accepted < len(body):
+        raise OutputInvalid(f"token {body[accepted]} at position {accepted} of the output is one its constraint "
+                            "refuses: vLLM sampled outside the mask and the processor ended the row")
+    state.advance(body)
+    if (ended or finish == "stop") and not state.is_complete():
+        raise OutputInvalid(f"the output stopped after {len(body)} tokens, before its constraint was complete "
+                            "(the constraint failed in the engine, or a stop string or stop token cut it)")
 
 
 def vllm_model_dir(model: str = "smollm2") -> Path:

@@ -4,26 +4,40 @@ virtual environment; the main suite has no vLLM and skips this module).
 One offline ``LLM`` on the embedded SmolLM2 with ``CdslLogitsProcessor`` loaded: outputs valid
 under JSON Schema, regex, choices and grammar; a schema vLLM's own backends refuse compiles and
 decodes here; constrained and unconstrained requests share a batch without touching each other;
-a bad constraint is refused at admission.
+a bad constraint is refused at admission; a row the processor had to end (a token vLLM sampled
+outside the mask, a constraint that failed to compile in the engine) is an error for
+``check_output``, never a valid finish. The processor on its own, fed vLLM's own ``BatchUpdate``:
+a constraint compiles off the engine thread, during the step's forward pass, and a row still
+compiling is waited for only when its logits are masked, all such rows at once.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import time
+from types import SimpleNamespace
 
 import pytest
 
 vllm = pytest.importorskip("vllm", reason="vLLM runs in its own environment: make test-vllm")
 
+import torch  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.exceptions import VLLMValidationError  # noqa: E402
 from vllm.sampling_params import StructuredOutputsParams  # noqa: E402
 
+import cdsl_struct.integrations.vllm as cdsl_vllm  # noqa: E402
+from cdsl_struct.constraints import Regex  # noqa: E402
+from cdsl_struct.constraints.mask import allocate_bitmask, is_allowed  # noqa: E402
+from cdsl_struct.errors import InvalidArgument, InvalidToken, OutputInvalid, UnsatisfiableSchema  # noqa: E402
 from cdsl_struct.integrations.vllm import (  # noqa: E402
     TOKENIZER_ENV,
     CdslLogitsProcessor,
+    check_output,
+    compile_request,
     constraint_args,
     vllm_model_dir,
 )
@@ -60,13 +74,18 @@ def test_json_schema_outputs_are_valid(llm):
     import jsonschema
 
     people = ["Ada Lovelace", "Alan Turing", "Marie Curie", "Nikola Tesla"]
-    answers = chat(llm, [f"Give the name, age and city of {p} as JSON." for p in people], greedy(160, schema=PERSON))
+    params = greedy(160, schema=PERSON)
+    outputs = llm.chat([[{"role": "user", "content": f"Give the name, age and city of {p} as JSON."}]
+                        for p in people], params, use_tqdm=False)
+    answers = [(o.outputs[0].text, o.outputs[0].finish_reason) for o in outputs]
     assert sum(finish == "stop" for _, finish in answers) >= 3
     for text, finish in answers:
         if finish == "stop":  # complete: valid; cut by max_tokens: a prefix our own state accepts
             jsonschema.validate(json.loads(text), PERSON)
         else:
             assert finish == "length" and text.startswith("{")
+    for output in outputs:  # the caller's check passes every output the processor did not have to end
+        check_output(output, params, vllm_model_dir("smollm2"))
 
 
 def test_regex_choices_and_grammar(llm):
@@ -106,6 +125,147 @@ def test_a_bad_constraint_is_refused_at_admission(llm):
             llm.chat([[{"role": "user", "content": "hi"}]], SamplingParams(max_tokens=4, extra_args=bad),
                      use_tqdm=False)
     assert chat(llm, ["Say yes."], greedy(3, choices=["yes"]))[0][0] == "yes"  # the engine still serves
+
+
+def test_a_token_sampled_outside_the_mask_is_an_error_not_a_valid_finish(llm):
+    """``min_tokens`` masks EOS where the constraint allows nothing else: vLLM then samples from a
+    row with no allowed token, and the processor ends the row. vLLM calls that a stop; the output
+    is not one the constraint allows, and ``check_output`` says so."""
+    params = SamplingParams(max_tokens=8, min_tokens=4, temperature=0, extra_args=constraint_args(choices=["yes"]))
+    output, = llm.chat([[{"role": "user", "content": "Say yes."}]], params, use_tqdm=False)
+    completion = output.outputs[0]
+    assert completion.finish_reason == "stop"  # what vLLM's API leaves a logits processor
+    state = compile_request(params.extra_args, str(vllm_model_dir("smollm2"))).new_state()
+    assert state.validate(list(completion.token_ids)) < len(completion.token_ids)  # a refused token in it
+    with pytest.raises(OutputInvalid, match="refuses"):
+        check_output(output, params, vllm_model_dir("smollm2"))
+    with pytest.raises(OutputInvalid):  # each completion on its own, and as the server's choice would carry it
+        check_output({"token_ids": list(completion.token_ids), "finish_reason": "stop"}, params.extra_args,
+                     str(vllm_model_dir("smollm2")))
+    healthy, = llm.chat([[{"role": "user", "content": "Say yes."}]], greedy(8, choices=["yes"]), use_tqdm=False)
+    assert healthy.outputs[0].text == "yes"
+    check_output(healthy, greedy(8, choices=["yes"]), vllm_model_dir("smollm2"))
+
+
+def test_a_constraint_that_fails_to_compile_in_the_engine_raises_its_typed_error(llm, monkeypatch):
+    """Admission without the tokenizer checks only the spec: an unsatisfiable schema reaches the
+    engine, whose compile fails. The row ends at once (vLLM: an empty stop) and ``check_output``
+    raises the compiler's typed error, not an empty valid answer."""
+    monkeypatch.delenv(TOKENIZER_ENV)
+    monkeypatch.setattr(CdslLogitsProcessor, "_tokenizer_seen", None)
+    bad = SamplingParams(max_tokens=8, temperature=0,
+                         extra_args={"cdsl_schema": '{"type": "integer", "minimum": 5, "maximum": 1}'})
+    output, = llm.chat([[{"role": "user", "content": "A number?"}]], bad, use_tqdm=False)
+    assert (output.outputs[0].text, output.outputs[0].finish_reason) == ("", "stop")
+    with pytest.raises(UnsatisfiableSchema):
+        check_output(output, bad, vllm_model_dir("smollm2"))
+    with pytest.raises(InvalidArgument, match="return_token_ids"):  # a server choice asked without them
+        check_output({"finish_reason": "stop"}, greedy(4, choices=["yes"]), vllm_model_dir("smollm2"))
+    assert chat(llm, ["Say yes."], greedy(3, choices=["yes"]))[0][0] == "yes"  # the engine still serves
+
+
+# --- the processor on its own, fed vLLM's own batch updates (no model) ----------------------------
+
+SLOW_S = 2.0
+"""How long a "slow" regex (one starting with ``slow``) takes to compile below."""
+
+
+@pytest.fixture
+def processor(monkeypatch):
+    """A processor for SmolLM2's tokenizer whose compiles of a ``slow...`` regex sleep first."""
+    compile_quickly = cdsl_vllm.compile_constraint
+
+    def compile_slowly(spec, *args, **kwargs):
+        if isinstance(spec, Regex) and spec.pattern.startswith("slow"):
+            time.sleep(SLOW_S)
+        return compile_quickly(spec, *args, **kwargs)
+
+    monkeypatch.setattr(cdsl_vllm, "compile_constraint", compile_slowly)
+    monkeypatch.setattr(CdslLogitsProcessor, "_tokenizer_seen", None)  # __init__ sets it; admission tests need it unset
+    config = SimpleNamespace(model_config=SimpleNamespace(tokenizer=str(vllm_model_dir("smollm2"))),
+                             scheduler_config=SimpleNamespace(max_num_seqs=4))
+    return CdslLogitsProcessor(config, "cpu", False)
+
+
+def joined(*rows):
+    """vLLM's batch update adding ``(index, extra_args, output)`` rows."""
+    from vllm.v1.sample.logits_processor import BatchUpdate
+
+    return BatchUpdate(batch_size=len(rows), removed=[], moved=[],
+                       added=[(i, SamplingParams(extra_args=extra), [1, 2, 3], output) for i, extra, output in rows])
+
+
+def allowed(processor, extra, output=()):
+    """The tokens the constraint allows after ``output``, as a set (this library's own state)."""
+    state = compile_request(extra, processor.tokenizer).new_state()
+    state.advance(list(output))
+    mask = allocate_bitmask(processor.vocabulary.size)
+    state.fill_mask(mask)
+    return {t for t in range(processor.vocabulary.size) if is_allowed(mask, t)}
+
+
+def finite(row):
+    return set(torch.isfinite(row).nonzero().flatten().tolist())
+
+
+def test_a_slow_compile_runs_during_the_forward_pass_not_before_it(processor):
+    """Before: ``update_state`` compiled on vLLM's engine thread, so every row's step waited the
+    whole compile before its forward pass began. Now the compile starts there and the forward pass
+    runs meanwhile; the row decoding already is masked as before, the new one exactly to its own
+    constraint, never unconstrained."""
+    digits, slow = constraint_args(regex="[0-9]{1,4}"), constraint_args(regex="slow[ab]")
+    decoding, newcomer = [], []
+    processor.update_state(joined((0, digits, decoding)))
+    processor.apply(torch.zeros(1, processor.vocabulary.size))
+    decoding.append(next(iter(allowed(processor, digits))))  # vLLM appends the sampled token
+
+    started = time.monotonic()
+    processor.update_state(joined((1, slow, newcomer)))
+    assert time.monotonic() - started < SLOW_S / 3  # the engine thread goes on to the forward pass
+    time.sleep(SLOW_S)  # the step's forward pass, as long as the compile
+    started = time.monotonic()
+    logits = processor.apply(torch.randn(2, processor.vocabulary.size))
+    assert time.monotonic() - started < SLOW_S / 3  # compiled meanwhile: the step is not held
+    assert finite(logits[0]) == allowed(processor, digits, decoding)
+    assert finite(logits[1]) == allowed(processor, slow)
+
+
+def test_rows_still_compiling_are_waited_for_together_and_masked(processor):
+    """Two slow rows join with no forward pass to hide their compiles: the step waits for both
+    at once (before: one after the other, on the engine thread), and each gets its own mask."""
+    first, second = constraint_args(regex="slow[ab]+"), constraint_args(regex="slow[cd]+")
+    started = time.monotonic()
+    processor.update_state(joined((0, first, []), (1, second, [])))
+    logits = processor.apply(torch.randn(2, processor.vocabulary.size))
+    assert time.monotonic() - started < 1.6 * SLOW_S  # one compile's time, not two
+    assert finite(logits[0]) == allowed(processor, first) and finite(logits[1]) == allowed(processor, second)
+
+
+def test_a_request_gone_before_its_compile_ends_holds_no_step(processor):
+    """A request aborted while its constraint compiles never holds the batch up."""
+    from vllm.v1.sample.logits_processor import BatchUpdate
+
+    started = time.monotonic()
+    processor.update_state(joined((0, constraint_args(regex="[0-9]+"), []), (1, constraint_args(regex="slow+"), [])))
+    processor.update_state(BatchUpdate(batch_size=1, removed=[1], added=[], moved=[]))
+    logits = processor.apply(torch.randn(1, processor.vocabulary.size))
+    assert time.monotonic() - started < SLOW_S / 3
+    assert finite(logits[0]) == allowed(processor, constraint_args(regex="[0-9]+"))
+
+
+def test_a_refused_token_fails_the_row_and_is_logged(processor, caplog):
+    """A token the state refuses (vLLM sampled outside the mask) fails the row with the typed
+    ``InvalidToken``: it may only end (EOS), and the log says its output is invalid."""
+    yes_no = constraint_args(choices=["yes", "no"])
+    output = []
+    processor.update_state(joined((0, yes_no, output)))
+    processor.apply(torch.zeros(1, processor.vocabulary.size))
+    output.append(min(set(range(processor.vocabulary.size)) - allowed(processor, yes_no)))
+    with caplog.at_level(logging.ERROR, logger=cdsl_vllm.__name__):
+        logits = processor.apply(torch.randn(1, processor.vocabulary.size))
+    assert finite(logits[0]) == {processor.vocabulary.eos_token_ids[0]}
+    assert isinstance(processor.rows[0].error, InvalidToken)
+    assert "does not satisfy its constraint" in caplog.text
 
 
 @pytest.fixture(scope="module")

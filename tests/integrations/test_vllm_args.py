@@ -76,3 +76,27 @@ def test_the_processor_steers_a_row_out_of_a_cycle_unless_asked_not_to(guard):
     logits[0, a], logits[0, b] = 5.0, 4.0
     chosen = int(processor.apply(logits)[0].argmax())
     assert (chosen == b) if guard else (chosen == a)
+
+
+def test_check_output_passes_what_the_constraint_allows_and_raises_for_the_rest():
+    """The caller's check of an output (here as an OpenAI-server choice carries it, with
+    ``return_token_ids``): a row the processor had to end is an error, never a valid finish."""
+    from cdsl_struct.errors import InvalidArgument, OutputInvalid, UnsatisfiableSchema
+    from cdsl_struct.integrations.vllm import check_output, vocabulary_for
+
+    args = constraint_args(choices=["yes", "no"])
+    vocabulary = vocabulary_for("smollm2")
+    yes = list(vocabulary.token_bytes).index(b"yes")
+    eos = vocabulary.eos_token_ids[0]
+    check_output({"token_ids": [yes, eos], "finish_reason": "stop"}, args, "smollm2")  # complete
+    check_output({"token_ids": [], "finish_reason": "length"}, args, "smollm2")  # a prefix, cut by max_tokens
+    check_output({"token_ids": [0, 0], "finish_reason": "stop"}, {"other_arg": 1}, "smollm2")  # no constraint
+    with pytest.raises(OutputInvalid, match="refuses"):  # vLLM sampled outside the mask; the row was ended
+        check_output({"token_ids": [yes, 0, eos], "finish_reason": "stop"}, args, "smollm2")
+    with pytest.raises(OutputInvalid, match="before its constraint was complete"):  # ended early
+        check_output({"token_ids": [eos], "finish_reason": "stop"}, args, "smollm2")
+    with pytest.raises(UnsatisfiableSchema):  # it failed to compile in the engine too
+        check_output({"token_ids": [eos], "finish_reason": "stop"},
+                     {"cdsl_schema": '{"type": "integer", "minimum": 5, "maximum": 1}'}, "smollm2")
+    with pytest.raises(InvalidArgument, match="return_token_ids"):
+        check_output({"finish_reason": "stop"}, args, "smollm2")
