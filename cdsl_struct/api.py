@@ -36,6 +36,7 @@ from .constraints.whitespace import DEFAULT_WHITESPACE
 from .decoding import DraftModelProposer, SamplingParams, build_proposers
 from .decoding.engine import BatchEngine, EngineLoad, Request
 from .decoding.lookahead import CDLH, CDSL
+from .decoding.loops import SENTENCE_GUARD
 from .decoding.penalties import Penalties
 from .decoding.stops import StopHoldback
 from .errors import CdslError, InvalidArgument, PromptTooLong
@@ -140,7 +141,8 @@ class Generator:
     ``max_prompt_tokens``: longer prompts raise ``PromptTooLong`` (the model's context always bounds them).
     ``loop_guard`` (default on): a row whose output starts repeating one block of tokens is
     steered out of the cycle instead of running to ``max_tokens`` (``decoding.loops``; target
-    and speculative rows; it never loosens a constraint). ``torch_compile``: the batched target
+    and speculative rows; CDLH and CDSL rows never write a block a third time in a row; it never
+    loosens a constraint). ``torch_compile``: the batched target
     forward runs through ``torch.compile`` (``models.compiled``), compiled here before the
     Generator returns (minutes on a small CPU): False / ``"off"`` (the default here, for a quick
     start), True / ``"on"`` (where it cannot compile, a warning is logged and decoding runs
@@ -401,10 +403,11 @@ class Generator:
         return result
 
     def _strategy(self, call: _Call) -> Any:
+        guard = SENTENCE_GUARD if self.loop_guard else None
         if call.method is Method.CDLH:
-            return CDLH(call.reward)
+            return CDLH(call.reward, loop_guard=guard)
         if call.method is Method.CDSL:
-            return CDSL(self._cdsl_draft_runner(), call.reward)
+            return CDSL(self._cdsl_draft_runner(), call.reward, loop_guard=guard)
         return None
 
     def _cdsl_draft_runner(self) -> ModelRunner:

@@ -423,3 +423,15 @@ def test_params_object_and_keyword_overrides_decode_alike(gen):
     with pytest.raises(cs.InvalidArgument) as info:
         gen.generate("hi", keywords=["dog"], params=GenerationParams(temperature=0.7))
     assert info.value.param == "temperature"
+
+
+def test_keyword_strategies_carry_the_generators_loop_guard(smollm2):
+    from types import SimpleNamespace
+
+    from cdsl_struct.decoding.loops import SENTENCE_GUARD
+    from cdsl_struct.options import Method
+    from cdsl_struct.rewards import KeywordCoverage
+
+    call = SimpleNamespace(method=Method.CDLH, reward=KeywordCoverage(["dog"]))
+    assert Generator(smollm2, draft=None)._strategy(call).loop_guard == SENTENCE_GUARD
+    assert Generator(smollm2, draft=None, loop_guard=False)._strategy(call).loop_guard is None
