@@ -3,9 +3,9 @@
 A ``Generator`` loads a model (and its draft) once; every ``generate`` call resolves its
 constraint, reward and method, compiles the constraint (cached), and hands its rows to the
 Generator's ``BatchEngine``: target-only and speculative rows from every thread and every
-prompt of a list share one target forward per step. CDLH and CDSL, whose steps run passes of
-their own, decode one sequence at a time on a separate runner. ``generate()`` keeps one
-Generator per model and draft.
+prompt of a list share one target forward per step. CDLH and CDSL rows are rows of the same
+engine: their steps are programs of passes (roll-outs, draft lookaheads) that the engine batches
+with every other row's. ``generate()`` keeps one Generator per model and draft.
 """
 
 from __future__ import annotations
@@ -195,7 +195,9 @@ class Generator:
         return self.loaded.device
 
     def close(self) -> None:
-        """Stop the engine's threads (rows still running stay unfinished)."""
+        """Stop the engine's threads. Every request still in it ends, so no caller waits forever: a
+        running one with its partial output (``finish_reason="cancelled"``), a waiting one with
+        ``RequestCancelled``."""
         self.engine.close()
 
     @property

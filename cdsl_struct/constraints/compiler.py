@@ -134,7 +134,8 @@ def compile(  # noqa: A001 - the natural name, as in re.compile / xgrammar
     ``spec``: a ``JsonSchema``, ``Regex``, ``Choice`` or ``Grammar`` (or a schema dict / pydantic
     model). ``tokenizer``: a name (``"llama3"``...), path, HF tokenizer or ``TokenVocabulary``.
     ``backend``: ``"auto"``, ``"llguidance"`` or ``"outlines-core"``. ``whitespace``: JSON
-    whitespace policy (see ``WhitespacePolicy``). ``timeout``: seconds per engine attempt.
+    whitespace policy (see ``WhitespacePolicy``). ``timeout``: seconds for the whole compile, one
+    budget that every engine attempt and the schema rewrite share (``None``: no limit, in this thread).
     ``cache=False`` compiles afresh and keeps nothing (benchmarks). ``extra_properties``: False
     (the default, as in ``generate()``, the server, Outlines, XGrammar and vLLM) closes JSON objects
     that list ``properties`` to keys they do not declare (``closed_objects``; the compiled
