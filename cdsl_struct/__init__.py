@@ -4,9 +4,14 @@ Hard constraints (JSON Schema, regex, choices, Lark grammars) mask the logits so
 is valid; ``generate()`` (or a reusable ``Generator``) decodes under them, with speculative
 decoding and reward-steered strategies; ``compile()`` a spec once for a tokenizer to drive one
 ``ConstraintState`` per sequence yourself.
+
+Importing the package loads the constraint layer, the errors and the plain data types only:
+``Generator``, ``generate``, ``load_tokenizer`` and ``NAMED_TOKENIZERS`` (and the submodules
+behind them, which need torch and transformers) are imported on first use (PEP 562).
 """
 
-from .api import Generator, generate
+from typing import TYPE_CHECKING, Any
+
 from .constraints import (
     Choice,
     CompiledConstraint,
@@ -47,11 +52,14 @@ from .errors import (
     UnsupportedTokenizer,
 )
 from .integrations import outlines_types as _outlines_types  # noqa: F401 - registers its converter with as_spec
-from .models.tokenizers import NAMED_TOKENIZERS, load_tokenizer
 from .options import Method
 from .params import GenerationParams
 from .result import Result
 from .tools import ToolCall, tool_from_function
+
+if TYPE_CHECKING:
+    from .api import Generator, generate
+    from .models.tokenizers import NAMED_TOKENIZERS, load_tokenizer
 
 __version__ = "0.1.0"
 
@@ -101,3 +109,28 @@ __all__ = [
     "load_tokenizer",
     "tool_from_function",
 ]
+
+# Submodules that ``import cdsl_struct`` used to load (so were attributes of the package); they
+# are imported when first read as one, e.g. ``cdsl_struct.decoding``.
+_LAZY_SUBMODULES = frozenset({"api", "decoding", "models", "paths", "prompts", "rewards", "streaming"})
+
+
+def __getattr__(name: str) -> Any:
+    """The names that need torch or transformers, imported on first access."""
+    if name in ("Generator", "generate"):
+        from . import api as home
+    elif name in ("NAMED_TOKENIZERS", "load_tokenizer"):
+        from .models import tokenizers as home
+    elif name in _LAZY_SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(home, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__) | _LAZY_SUBMODULES)
