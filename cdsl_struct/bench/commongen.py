@@ -28,8 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..constraints import Grammar, Regex, compile
-from ..decoding import CDLH, CDSL, CDSL_STATES, GuidedDraft, SamplingParams, decode
-from ..decoding.loops import SENTENCE_GUARD
+from ..decoding import CDLH, CDSL, CDSL_STATES, SENTENCE_GUARD, GuidedDraft, SamplingParams, decode
 from ..models import ModelRunner, load_model, self_draft
 from ..rewards import KeywordCoverage
 from . import quality

@@ -4,6 +4,7 @@ models) and the reward-steered strategies (``decoding.lookahead``)."""
 from .engine import PHASES, BatchEngine, Request, decode
 from .lookahead import CDLH, CDSL, CDSL_STATES, GuidedDraft
 from .loop import Proposal, Proposer, Session, forced_proposer
+from .loops import DEFAULT_GUARD, SENTENCE_GUARD, LoopGuard
 from .proposers import DraftModelProposer, PromptLookupProposer, build_proposers
 from .sampling import SamplingParams
 from .strategy import Strategy
@@ -13,6 +14,9 @@ __all__ = [
     "CDSL",
     "CDSL_STATES",
     "PHASES",
+    "DEFAULT_GUARD",
+    "SENTENCE_GUARD",
+    "LoopGuard",
     "GuidedDraft",
     "Strategy",
     "BatchEngine",
