@@ -20,8 +20,18 @@ import torch
 
 from ..models.batch import Feed
 
+
+class _Main:
+    """The type of ``MAIN``: a key of its own, never ``None`` (a ``Feed`` without a parent)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "MAIN"
+
+
 #: the local key of a row's own sequence
-MAIN: Hashable = None
+MAIN: Hashable = _Main()
 
 
 @dataclass(frozen=True)

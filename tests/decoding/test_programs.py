@@ -114,3 +114,19 @@ def test_a_failing_program_ends_its_own_row_only(smollm2, parts):
     assert isinstance(rows[1].error, TypeError) and "Passes" in str(rows[1].error)
     assert rows[2].error is None and len(rows[2].result.tokens) == 6
     assert not engine.runner.order
+
+
+@pytest.mark.parametrize("runner_kind", ["padded", "ragged"])
+def test_rollouts_start_from_a_copy_of_the_row_cache_not_a_prefill(smollm2, parts, runner_kind):
+    from cdsl_struct.models.ragged import RaggedRunner
+
+    compiled, prompts, _ = parts
+    runner = (BatchRunner(smollm2.model, pad_token_id=smollm2.eos_token_ids[0], prefix_cache_bytes=0)
+              if runner_kind == "padded" else RaggedRunner(smollm2.model, prefix_cache_bytes=0))
+    engine = BatchEngine(runner, max_batch_size=1)
+    request = Request(tuple(prompts[0]), compiled, max_tokens=6, strategy=strategy("cdlh", TOPICS[0], None))
+    result = engine.run([request])[0]
+    engine.close()
+    assert len(result.tokens) > 1
+    # only the prompt is prefilled: every step's k roll-outs fork the row (before, each re-read the whole sequence)
+    assert runner.prefilled_positions <= len(prompts[0])
