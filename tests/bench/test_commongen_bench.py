@@ -135,3 +135,31 @@ def test_commongen_cli_writes_the_report(tmp_path, capsys):
     assert report["config"]["max_tokens"] == 16 and report["config"]["sentence"] == "words"
     printed = capsys.readouterr().out
     assert "speedup_cdsl_vs_cdlh" in printed and "hard 95% CI" in printed
+
+
+def test_a_concept_set_that_looped_now_ends_in_a_sentence(smollm2, one_torch_thread):
+    """``ball, golfer, hole``: CDSL's guided draft lists the keywords, and once they are all written
+    the reward no longer moves, so every lookahead of the draft's cycle (" a golf,") is accepted by
+    a target that agrees with it, until ``max_tokens``. The sentence guard ends the cycle."""
+    from cdsl_struct import Regex, compile
+    from cdsl_struct.bench.commongen import PROMPT, make_strategy
+    from cdsl_struct.bench.sentence import LOOSE_SENTENCE, repeated_block
+    from cdsl_struct.decoding import decode
+    from cdsl_struct.models.runner import ModelRunner, self_draft
+
+    concepts = ["ball_N", "golfer_N", "hole_N"]
+    compiled = compile(Regex(LOOSE_SENTENCE), smollm2.tokenizer, eos_token_ids=smollm2.eos_token_ids)
+    prompt = smollm2.tokenizer.apply_chat_template(
+        [{"role": "user", "content": PROMPT.format(words="ball, golfer, hole")}],
+        add_generation_prompt=True, tokenize=True)["input_ids"]
+    target, draft = ModelRunner(smollm2.model), ModelRunner(self_draft(smollm2.model, "int8"), name="int8")
+    texts = {}
+    for guard in (False, True):
+        config = CommonGenConfig(sentence="loose", loop_guard=guard)
+        reward = KeywordCoverage(concepts, max_repeats=config.max_repeats)
+        result = decode(target, compiled, prompt, max_tokens=config.max_tokens,
+                        strategy=make_strategy("cdsl", reward, draft, config))
+        texts[guard] = (result.finish_reason, repeated_block(result.text), reward.covered(result.text), result.text)
+    assert texts[False][:2] == ("length", True), texts[False]
+    reason, looped, covered, text = texts[True]
+    assert reason == "stop" and not looped and len(covered) == 3, text
