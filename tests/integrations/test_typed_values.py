@@ -3,14 +3,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import enum
 from typing import Any, Literal, Optional, Union
 
 import pytest
-from pydantic import BaseModel
-from typing_extensions import TypedDict
 
 import cdsl_struct as cs
 from cdsl_struct.integrations.outlines_types import TypedChoice, TypedGrammar, TypedRegex, to_spec
@@ -19,6 +16,8 @@ from cdsl_struct.result import parse_value
 
 pytest.importorskip("outlines.types")  # the extra `outlines`, installed by `make test`
 from outlines.types import dsl  # noqa: E402
+
+from tests.integrations.test_outlines_types import Movie, Person, Point  # noqa: E402
 
 
 class Size(enum.IntEnum):
@@ -34,22 +33,6 @@ class Mood(enum.Enum):
 class Mixed(enum.Enum):
     ONE = 1
     B = "b"
-
-
-class Person(BaseModel):
-    name: str
-    age: int
-
-
-@dataclasses.dataclass
-class Point:
-    x: int
-    y: int
-
-
-class Movie(TypedDict):
-    title: str
-    year: int
 
 
 CASES: list[tuple[Any, str, Any]] = [
