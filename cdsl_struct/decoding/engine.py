@@ -67,8 +67,8 @@ from .width import StepWidth
 
 _ids = itertools.count()
 
-#: prompt positions a step prefills before later arrivals wait for the next step (about half a
-#: second of prefill on two AVX-512 cores in bfloat16)
+#: prompt positions a step prefills on a CPU before later arrivals wait for the next step (about
+#: half a second of prefill on two AVX-512 cores in bfloat16); a GPU's is ``default_prefill_budget``'s
 DEFAULT_PREFILL_BUDGET = 512
 
 
@@ -313,7 +313,8 @@ class BatchEngine:
     ``adaptive_width``: cut each step's speculation to the width a cost model of the forward
     says pays for its padding (``StepWidth``); False feeds every proposal whole.
     ``prefill_budget``: prompt positions (beyond the prefix cache) a step prefills at most; more
-    waiting rows join at later steps (``Scheduler``); None admits all that fit at once.
+    waiting rows join at later steps (``Scheduler``); None admits all that fit at once; ``"auto"``
+    the device's (``default_prefill_budget``).
     ``adaptive_threads``: on a CPU, give each forward the torch thread count measured cheapest now
     (``ThreadGovernor``: one thread or all, so that a neighbour taking a core does not stall the
     whole thread team); False leaves torch's setting alone.
@@ -323,11 +324,13 @@ class BatchEngine:
 
     def __init__(self, runner: BatchRunner | RaggedRunner, *, max_batch_size: int = 32,
                  kv_budget_bytes: float | None = None, mask_workers: int = 2, adaptive_width: bool = True,
-                 prefill_budget: int | None = DEFAULT_PREFILL_BUDGET, adaptive_threads: bool = True) -> None:
+                 prefill_budget: int | None | str = "auto", adaptive_threads: bool = True) -> None:
         self.runner = runner
         self.width = StepWidth(padded=not getattr(runner, "ragged", False)) if adaptive_width else None
         self.threads = ThreadGovernor() if adaptive_threads and runner.device.type == "cpu" else None
         budget = kv_budget_bytes if kv_budget_bytes is not None else default_kv_budget(runner.device)
+        if prefill_budget == "auto":
+            prefill_budget = default_prefill_budget(runner.device)
         self.scheduler = Scheduler(max_batch_size, budget, runner.kv_bytes_per_token(), prefill_budget,
                                    self._prefill_cost, getattr(runner, "reserved_positions", padded_reserve))
         self.stats = EngineStats()
@@ -770,6 +773,22 @@ def decode(target: ModelRunner, compiled: CompiledConstraint, prompt: Sequence[i
         target.passes += runner.passes
         target.positions += runner.positions
         target.seconds += runner.seconds
+
+
+def default_prefill_budget(device: Any, total_memory: int | None = None) -> int:
+    """Prompt positions one step prefills by default on ``device``: ``DEFAULT_PREFILL_BUDGET`` on a
+    CPU (tuned on two cores); on a GPU the per-step token budget vLLM's server starts with, 8192 on
+    a card of 70 GiB or more (H100, H200) and 2048 on a smaller one (or on MPS), where a prefill of
+    that size costs a few tens of milliseconds. ``total_memory``: the card's bytes (default: asked
+    of CUDA)."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return DEFAULT_PREFILL_BUDGET
+    if device.type == "cuda":
+        if total_memory is None:
+            total_memory = torch.cuda.get_device_properties(device).total_memory
+        return 8192 if total_memory >= 70 * 2**30 else 2048
+    return 2048
 
 
 def default_kv_budget(device: Any) -> float:

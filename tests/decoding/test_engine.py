@@ -10,7 +10,14 @@ import torch
 
 from cdsl_struct import Choice, JsonSchema, Regex, compile
 from cdsl_struct.decoding import SamplingParams, build_proposers, decode
-from cdsl_struct.decoding.engine import BatchEngine, Request, Row, Scheduler
+from cdsl_struct.decoding.engine import (
+    DEFAULT_PREFILL_BUDGET,
+    BatchEngine,
+    Request,
+    Row,
+    Scheduler,
+    default_prefill_budget,
+)
 from cdsl_struct.models.batch import BatchRunner
 from cdsl_struct.models.ragged import RaggedRunner
 from cdsl_struct.models.runner import ModelRunner
@@ -216,6 +223,18 @@ def test_the_prefill_budget_spreads_a_burst_over_steps(smollm2, parts):
     scheduler = Scheduler(16, float("inf"), 1, prefill_budget=64, prefill_cost=lambda row: 30)
     scheduler.waiting.extend(Row(r) for r in requests[:3])
     assert len(scheduler.admit()) == 2 and len(scheduler.admit()) == 1  # 30 + 30 fit in 64, a third does not
+
+
+def test_the_default_prefill_budget_is_the_devices(smollm2):
+    """Tuned on two CPU cores, 512 positions a step; a GPU prefills what vLLM's server does a step."""
+    assert default_prefill_budget("cpu") == DEFAULT_PREFILL_BUDGET == 512
+    assert default_prefill_budget("cuda:0", total_memory=80 * 2**30) == 8192  # an H100
+    assert default_prefill_budget("cuda", total_memory=24 * 2**30) == 2048
+    assert default_prefill_budget("mps") == 2048
+    engine = engine_for(smollm2)
+    assert engine.scheduler.prefill_budget == DEFAULT_PREFILL_BUDGET
+    engine.close()
+    assert engine_for(smollm2, prefill_budget=None).scheduler.prefill_budget is None
 
 
 def test_masks_are_written_into_one_bitmask_reused_every_step(smollm2, parts):
