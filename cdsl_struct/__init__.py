@@ -6,8 +6,9 @@ decoding and reward-steered strategies; ``compile()`` a spec once for a tokenize
 ``ConstraintState`` per sequence yourself.
 
 Importing the package loads the constraint layer, the errors and the plain data types only:
-``Generator``, ``generate``, ``load_tokenizer`` and ``NAMED_TOKENIZERS`` (and the submodules
-behind them, which need torch and transformers) are imported on first use (PEP 562).
+``Generator``, the verbs (``generate``, ``generate_batch``, ``stream`` and their async forms
+``agenerate``, ``agenerate_batch``, ``astream``), ``load_tokenizer`` and ``NAMED_TOKENIZERS`` (and
+the submodules behind them, which need torch and transformers) are imported on first use (PEP 562).
 """
 
 from typing import TYPE_CHECKING, Any
@@ -55,16 +56,18 @@ from .integrations import outlines_types as _outlines_types  # noqa: F401 - regi
 from .options import Method
 from .params import GenerationParams
 from .result import Result
+from .streaming import AsyncTextStream, TextStream
 from .tools import ToolCall, tool_from_function
 
 if TYPE_CHECKING:
-    from .api import Generator, generate
+    from .api import Generator, agenerate, agenerate_batch, astream, generate, generate_batch, stream
     from .models.tokenizers import NAMED_TOKENIZERS, load_tokenizer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "NAMED_TOKENIZERS",
+    "AsyncTextStream",
     "CdslError",
     "Choice",
     "CompileError",
@@ -94,6 +97,7 @@ __all__ = [
     "Result",
     "RewardError",
     "RollbackError",
+    "TextStream",
     "TokenVocabulary",
     "TokenizerNotFound",
     "ToolCall",
@@ -102,22 +106,31 @@ __all__ = [
     "UnsupportedFeature",
     "UnsupportedTokenizer",
     "WhitespacePolicy",
+    "agenerate",
+    "agenerate_batch",
     "allocate_bitmask",
     "apply_bitmask",
+    "astream",
     "compile",
     "generate",
+    "generate_batch",
     "load_tokenizer",
+    "stream",
     "tool_from_function",
 ]
 
 # Submodules that ``import cdsl_struct`` used to load (so were attributes of the package); they
 # are imported when first read as one, e.g. ``cdsl_struct.decoding``.
-_LAZY_SUBMODULES = frozenset({"api", "decoding", "models", "paths", "prompts", "rewards", "streaming"})
+_LAZY_SUBMODULES = frozenset({"api", "decoding", "models", "paths", "prompts", "rewards"})
+
+
+_API_NAMES = frozenset({"Generator", "generate", "generate_batch", "stream", "agenerate", "agenerate_batch",
+                        "astream"})
 
 
 def __getattr__(name: str) -> Any:
     """The names that need torch or transformers, imported on first access."""
-    if name in ("Generator", "generate"):
+    if name in _API_NAMES:
         from . import api as home
     elif name in ("NAMED_TOKENIZERS", "load_tokenizer"):
         from .models import tokenizers as home

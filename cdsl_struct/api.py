@@ -10,7 +10,9 @@ with every other row's. ``generate()`` keeps one Generator per model and draft.
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -50,7 +52,7 @@ from .prompts import prompt_ids
 from .result import DecodeStats, Result, parse_value
 from .rewards import KeywordCoverage, Reward, WeightedMean
 from .rewards.base import as_reward
-from .streaming import TextDeltas, stream_in_thread
+from .streaming import AsyncTextStream, TextDeltas, TextStream, legacy_stream
 from .tools import InvalidToolCall, ToolCallsGrammar, ToolRequest, parse_tool_output, tool_request
 
 FREE_TEXT = r"[\s\S]*"
@@ -217,13 +219,16 @@ class Generator:
                  tools: Sequence[Any] | None = None, tool_choice: Any = "auto", parallel_tool_calls: bool = True,
                  params: GenerationParams | None = None, stream: bool = False, chat: bool = True,
                  cancel: threading.Event | None = None, compile_timeout: float | None = None,
-                 **overrides: Unpack[ParamOverrides]) -> Result | list[Result] | Iterator[str | Result]:
+                 **overrides: Unpack[ParamOverrides]) -> Result:
         """Generate an answer to ``prompt`` under at most one hard constraint.
 
         ``prompt``: a string (one user message in the chat template; ``chat=False`` encodes it
-        as it is), a list of ``{"role", "content"}`` messages, or a list of strings (or of
-        message lists), which returns a list of Results, decoded together as rows of one batch with
-        the constraint compiled once (with ``seed``, row ``i`` samples with ``seed + i``).
+        as it is) or a list of ``{"role", "content"}`` messages. One verb, one return type:
+        ``generate`` returns a ``Result``, ``generate_batch`` a list of them, ``stream`` a
+        ``TextStream``; ``agenerate``, ``agenerate_batch`` and ``astream`` are the same for an
+        event loop. Deprecated (they warn, and work as before for one release): a list of prompts
+        here (a list of Results; use ``generate_batch``) and ``stream=True`` (an iterator of text
+        deltas whose last item is the Result; use ``stream``).
 
         Constraints (at most one): ``schema`` (JSON Schema dict or text, a pydantic model:
         ``value`` is then an instance, or an Outlines output type), ``regex``, ``choices``
@@ -252,51 +257,93 @@ class Generator:
         Generator's).
 
         ``value`` is None and ``complete`` False unless the output ended complete (at EOS, or at a
-        stop string, in a complete state: ``finish_reason == "stop"``). ``stream=True`` returns an
-        iterator of text deltas whose last item is the Result (the deltas concatenate to
-        ``Result.text``; text that may begin a stop string is held back until it cannot).
+        stop string, in a complete state: ``finish_reason == "stop"``).
 
         Raises ``ValueError`` for bad parameters and the typed ``CompileError`` subclasses for a
-        bad constraint, before anything is decoded (also when streaming).
+        bad constraint, before anything is decoded.
         """
-        chosen = GenerationParams.of(params, **overrides)
-        call = self._resolve(chosen, schema=schema, regex=regex, choices=choices, grammar=grammar, keywords=keywords,
-                             reward=reward, tools=tools, tool_choice=tool_choice,
-                             parallel_tool_calls=parallel_tool_calls, compile_timeout=compile_timeout)
-        prompts, batch = _split_batch(prompt)
-        encoded = [self._encode(p, chat, call.system, chosen.max_tokens) for p in prompts]
+        call, encoded, batch = self._prepare(
+            prompt, schema=schema, regex=regex, choices=choices, grammar=grammar, keywords=keywords, reward=reward,
+            tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls, params=params, chat=chat,
+            compile_timeout=compile_timeout, **overrides)
+        if stream and batch:
+            raise ValueError("stream=True takes one prompt, not a list of prompts")
+        if stream or batch:
+            warnings.warn(_deprecated_shape(prompt, stream), DeprecationWarning, stacklevel=2)
         if stream:
-            if batch:
-                raise ValueError("stream=True takes one prompt, not a list of prompts")
-            return stream_in_thread(lambda emit: self._run(call, encoded[0], emit, cancel))
-        if len(encoded) == 1:
-            return self._run(call, encoded[0], None, cancel) if not batch \
-                else [self._run(call, encoded[0], None, cancel)]
-        seed = chosen.seed
-        rows = [call if seed is None else replace(call, sampling=replace(call.sampling, seed=seed + i))
-                for i in range(len(encoded))]
-        with ThreadPoolExecutor(min(len(encoded), 64), thread_name_prefix="cdsl-row") as pool:
-            return list(pool.map(lambda pair: self._run(pair[0], pair[1], None, cancel),
-                                 zip(rows, encoded, strict=True)))
+            return legacy_stream(self._text_stream(call, encoded[0], cancel))  # type: ignore[return-value]
+        if batch:
+            return self._run_batch(call, encoded, cancel)  # type: ignore[return-value]
+        return self._run(call, encoded[0], None, cancel)
 
-    def stream(self, prompt: str | Sequence[Any], **options: Any) -> Iterator[str | Result]:
-        """``generate(prompt, stream=True, **options)`` for one prompt: an iterator of text deltas
-        whose last item is the Result."""
-        if "stream" in options:
-            raise ValueError("stream() always streams; pass no stream= argument")
-        if _split_batch(prompt)[1]:
-            raise ValueError("stream() takes one prompt; use generate_batch() for a list of prompts")
-        return self.generate(prompt, stream=True, **options)
-
-    def generate_batch(self, prompts: Sequence[str | Sequence[Any]], **options: Any) -> list[Result]:
+    def generate_batch(self, prompts: Sequence[str | Sequence[Any]], *, cancel: threading.Event | None = None,
+                       **options: Any) -> list[Result]:
         """``generate`` for a list of prompts (strings or message lists), decoded together as rows
-        of one batch with the constraint compiled once: one Result per prompt, in order."""
+        of one batch with the constraint compiled once: one Result per prompt, in order (with
+        ``seed``, row ``i`` samples with ``seed + i``). ``options``: those of ``generate``."""
         if "stream" in options:
             raise ValueError("generate_batch() does not stream; use stream() for one prompt")
         if isinstance(prompts, str) or not _split_batch(prompts)[1]:
             raise ValueError("generate_batch() takes a list of prompts (strings or message lists); "
                              "use generate() for one")
-        return self.generate(prompts, **options)
+        call, encoded, _ = self._prepare(prompts, **options)
+        return self._run_batch(call, encoded, cancel)
+
+    def stream(self, prompt: str | Sequence[Any], *, cancel: threading.Event | None = None,
+               **options: Any) -> TextStream:
+        """``generate`` for one prompt, as a ``TextStream``: iterating it gives the text deltas
+        (``str``) as they are decoded, and its ``result`` is then the Result (read earlier, it waits
+        for the end). Leaving ``with gen.stream(p) as s:`` early, or ``s.close()``, cancels the
+        request. Arguments are checked and the constraint compiled here, before anything decodes;
+        decoding starts when the stream is first read. ``options``: those of ``generate``."""
+        if "stream" in options:
+            raise ValueError("stream() always streams; pass no stream= argument")
+        if _split_batch(prompt)[1]:
+            raise ValueError("stream() takes one prompt; use generate_batch() for a list of prompts")
+        call, encoded, _ = self._prepare(prompt, **options)
+        return self._text_stream(call, encoded[0], cancel)
+
+    async def agenerate(self, prompt: str | Sequence[Any], *, cancel: threading.Event | None = None,
+                        **options: Any) -> Result:
+        """``generate`` awaited from an event loop, which it never blocks: the call (compiling the
+        constraint included) runs on a thread of its own. Cancelling the awaiting task cancels the
+        request; the ``CancelledError`` propagates once its rows have ended (within a step).
+        ``options``: those of ``generate``."""
+        if "stream" in options:
+            raise ValueError("agenerate() does not stream; use astream()")
+        if _split_batch(prompt)[1]:
+            raise ValueError("agenerate() takes one prompt; use agenerate_batch() for a list of prompts")
+
+        def work(_emit: Emit, event: threading.Event) -> Result:
+            call, encoded, _ = self._prepare(prompt, **options)
+            return self._run(call, encoded[0], None, event)
+
+        return await AsyncTextStream(work, cancel).finish()
+
+    async def agenerate_batch(self, prompts: Sequence[str | Sequence[Any]], *,
+                              cancel: threading.Event | None = None, **options: Any) -> list[Result]:
+        """``generate_batch`` awaited from an event loop, as ``agenerate`` (cancelling the task
+        cancels every row)."""
+        return await AsyncTextStream(lambda _emit, event: self.generate_batch(prompts, cancel=event, **options),
+                                     cancel).finish()
+
+    def astream(self, prompt: str | Sequence[Any], *, cancel: threading.Event | None = None,
+                **options: Any) -> AsyncTextStream:
+        """``stream`` for an event loop: an ``AsyncTextStream`` (``async for`` the text deltas, then
+        its ``result``). The request, its checks and compiling included, runs on a thread of its
+        own from the first ``__anext__``, where its errors are raised. Cancelling the task that
+        iterates it, or leaving ``async with gen.astream(p) as s:`` early, cancels the request.
+        ``options``: those of ``generate``."""
+        if "stream" in options:
+            raise ValueError("astream() always streams; pass no stream= argument")
+        if _split_batch(prompt)[1]:
+            raise ValueError("astream() takes one prompt; use agenerate_batch() for a list of prompts")
+
+        def work(emit: Emit, event: threading.Event) -> Result:
+            call, encoded, _ = self._prepare(prompt, **options)
+            return self._run(call, encoded[0], emit, event)
+
+        return AsyncTextStream(work, cancel)
 
     def choose_method(self, method: str | Method, has_reward: bool) -> Method:
         """The decoder ``method`` means for this Generator (``"auto"`` resolved)."""
@@ -315,6 +362,34 @@ class Generator:
         return chosen
 
     # --- resolving a request ------------------------------------------------------------------
+
+    def _prepare(self, prompt: Any, *, schema: Any = None, regex: Any = None, choices: Any = None,
+                 grammar: Any = None, keywords: Any = None, reward: Any = None, tools: Any = None,
+                 tool_choice: Any = "auto", parallel_tool_calls: bool = True, params: GenerationParams | None = None,
+                 chat: bool = True, compile_timeout: float | None = None,
+                 **overrides: Any) -> tuple[_Call, list[list[int]], bool]:
+        """A request resolved (constraint compiled) and its prompts encoded: (call, prompts' ids, is_batch)."""
+        chosen = GenerationParams.of(params, **overrides)
+        call = self._resolve(chosen, schema=schema, regex=regex, choices=choices, grammar=grammar, keywords=keywords,
+                             reward=reward, tools=tools, tool_choice=tool_choice,
+                             parallel_tool_calls=parallel_tool_calls, compile_timeout=compile_timeout)
+        prompts, batch = _split_batch(prompt)
+        return call, [self._encode(p, chat, call.system, chosen.max_tokens) for p in prompts], batch
+
+    def _text_stream(self, call: _Call, prompt: list[int], cancel: threading.Event | None) -> TextStream:
+        return TextStream(lambda emit, event: self._run(call, prompt, emit, event), cancel)
+
+    def _run_batch(self, call: _Call, encoded: list[list[int]], cancel: threading.Event | None) -> list[Result]:
+        """Decode prompts (token ids) as rows of one batch; with a seed, row ``i`` samples with ``seed + i``."""
+        if len(encoded) == 1:
+            return [self._run(call, encoded[0], None, cancel)]
+        seed = call.params.seed
+        rows = [call if seed is None else replace(call, sampling=replace(call.sampling, seed=seed + i))
+                for i in range(len(encoded))]
+        with ThreadPoolExecutor(min(len(encoded), 64), thread_name_prefix="cdsl-row") as pool:
+            return list(pool.map(lambda pair: self._run(pair[0], pair[1], None, cancel),
+                                 zip(rows, encoded, strict=True)))
+
 
     def _resolve(self, params: GenerationParams, *, schema: Any, regex: Any, choices: Any, grammar: Any,
                  keywords: Any, reward: Any, tools: Any, tool_choice: Any, parallel_tool_calls: bool,
@@ -494,6 +569,19 @@ def _split_batch(prompt: Any) -> tuple[list[Any], bool]:
     raise ValueError("a list prompt must hold only messages (dicts), only strings, or only message lists")
 
 
+def _deprecated_shape(prompt: Any, stream: bool) -> str | None:
+    """The deprecation message for a ``generate`` call in one of the old shapes (None: the new one)."""
+    if stream:
+        return ("generate(..., stream=True) is deprecated; use stream(prompt, ...), a TextStream that yields the "
+                "text deltas and holds the Result in .result")
+    try:
+        batch = _split_batch(prompt)[1]
+    except ValueError:  # a bad prompt: generate() says so
+        return None
+    return ("generate(list_of_prompts) is deprecated; use generate_batch(prompts, ...), which always returns "
+            "a list of Results") if batch else None
+
+
 def _added(a: DecodeStats, b: DecodeStats) -> DecodeStats:
     return DecodeStats(**{f.name: getattr(a, f.name) + getattr(b, f.name) for f in fields(DecodeStats)})
 
@@ -525,14 +613,83 @@ def cached_generator(model: str | LoadedModel = "smollm2", draft: str | None = "
         return _generators[key]
 
 
+def _module_generator(model: str | LoadedModel, draft: str | None, backend: str, whitespace: str,
+                      compile_timeout: float, device: Any, dtype: Any) -> Generator:
+    return cached_generator(model, draft, backend=backend, whitespace=whitespace, compile_timeout=compile_timeout,
+                            device=device, dtype=dtype)
+
+
 def generate(prompt: str | Sequence[Any], *, model: str | LoadedModel = "smollm2", draft: str | None = "auto",
              backend: str = "auto", whitespace: str = DEFAULT_WHITESPACE, compile_timeout: float = 30.0,
-             device: Any = "auto", dtype: Any = "auto",
-             **kwargs: Any) -> Result | list[Result] | Iterator[str | Result]:
+             device: Any = "auto", dtype: Any = "auto", **kwargs: Any) -> Result:
     """``Generator(model, draft=...).generate(prompt, **kwargs)`` with the Generator kept per
     (model, draft, backend, whitespace, compile_timeout, device, dtype), so the model loads once
-    per process.
+    per process. A list of prompts and ``stream=True`` are deprecated here as on
+    ``Generator.generate``: use ``generate_batch`` and ``stream``.
     """
-    generator = cached_generator(model, draft, backend=backend, whitespace=whitespace,
-                                 compile_timeout=compile_timeout, device=device, dtype=dtype)
-    return generator.generate(prompt, **kwargs)
+    generator = _module_generator(model, draft, backend, whitespace, compile_timeout, device, dtype)
+    message = _deprecated_shape(prompt, bool(kwargs.get("stream")))
+    if message is None:
+        return generator.generate(prompt, **kwargs)
+    warnings.warn(message, DeprecationWarning, stacklevel=2)  # at the caller's line, once
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return generator.generate(prompt, **kwargs)
+
+
+def generate_batch(prompts: Sequence[str | Sequence[Any]], *, model: str | LoadedModel = "smollm2",
+                   draft: str | None = "auto", backend: str = "auto", whitespace: str = DEFAULT_WHITESPACE,
+                   compile_timeout: float = 30.0, device: Any = "auto", dtype: Any = "auto",
+                   **kwargs: Any) -> list[Result]:
+    """``Generator.generate_batch`` on the Generator ``generate()`` keeps for these options."""
+    return _module_generator(model, draft, backend, whitespace, compile_timeout, device, dtype) \
+        .generate_batch(prompts, **kwargs)
+
+
+def stream(prompt: str | Sequence[Any], *, model: str | LoadedModel = "smollm2", draft: str | None = "auto",
+           backend: str = "auto", whitespace: str = DEFAULT_WHITESPACE, compile_timeout: float = 30.0,
+           device: Any = "auto", dtype: Any = "auto", **kwargs: Any) -> TextStream:
+    """``Generator.stream`` (a ``TextStream``) on the Generator ``generate()`` keeps for these options."""
+    return _module_generator(model, draft, backend, whitespace, compile_timeout, device, dtype) \
+        .stream(prompt, **kwargs)
+
+
+async def agenerate(prompt: str | Sequence[Any], *, model: str | LoadedModel = "smollm2",
+                    draft: str | None = "auto", backend: str = "auto", whitespace: str = DEFAULT_WHITESPACE,
+                    compile_timeout: float = 30.0, device: Any = "auto", dtype: Any = "auto",
+                    **kwargs: Any) -> Result:
+    """``Generator.agenerate`` on the Generator ``generate()`` keeps for these options (loaded off
+    the event loop the first time)."""
+    generator = await asyncio.to_thread(_module_generator, model, draft, backend, whitespace, compile_timeout,
+                                        device, dtype)
+    return await generator.agenerate(prompt, **kwargs)
+
+
+async def agenerate_batch(prompts: Sequence[str | Sequence[Any]], *, model: str | LoadedModel = "smollm2",
+                          draft: str | None = "auto", backend: str = "auto", whitespace: str = DEFAULT_WHITESPACE,
+                          compile_timeout: float = 30.0, device: Any = "auto", dtype: Any = "auto",
+                          **kwargs: Any) -> list[Result]:
+    """``Generator.agenerate_batch`` on the Generator ``generate()`` keeps for these options."""
+    generator = await asyncio.to_thread(_module_generator, model, draft, backend, whitespace, compile_timeout,
+                                        device, dtype)
+    return await generator.agenerate_batch(prompts, **kwargs)
+
+
+def astream(prompt: str | Sequence[Any], *, model: str | LoadedModel = "smollm2", draft: str | None = "auto",
+            backend: str = "auto", whitespace: str = DEFAULT_WHITESPACE, compile_timeout: float = 30.0,
+            device: Any = "auto", dtype: Any = "auto", cancel: threading.Event | None = None,
+            **kwargs: Any) -> AsyncTextStream:
+    """``Generator.astream`` (an ``AsyncTextStream``) on the Generator ``generate()`` keeps for
+    these options; the Generator is made (the model loaded, the first time) on the stream's
+    thread, so the event loop never waits for it."""
+    if kwargs.get("stream") is not None:
+        raise ValueError("astream() always streams; pass no stream= argument")
+    if _split_batch(prompt)[1]:
+        raise ValueError("astream() takes one prompt; use agenerate_batch() for a list of prompts")
+
+    def work(emit: Emit, event: threading.Event) -> Result:
+        generator = _module_generator(model, draft, backend, whitespace, compile_timeout, device, dtype)
+        call, encoded, _ = generator._prepare(prompt, **kwargs)
+        return generator._run(call, encoded[0], emit, event)
+
+    return AsyncTextStream(work, cancel)

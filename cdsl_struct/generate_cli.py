@@ -76,17 +76,14 @@ def run_generate(args: argparse.Namespace) -> int:
         generator = cached_generator(args.model, None if args.draft == "none" else args.draft, backend=args.backend,
                                      whitespace=args.whitespace, loop_guard=args.loop_guard, device=args.device,
                                      dtype=args.dtype, max_batch_size=args.max_batch_size)
-        output = generator.generate(prompt, params=params_from_args(args), stream=args.stream, **kwargs)
         if args.stream:
-            result = None
-            for item in output:
-                if isinstance(item, str):
-                    print(item, end="", flush=True)
-                else:
-                    result = item
+            with generator.stream(prompt, params=params_from_args(args), **kwargs) as stream:
+                for delta in stream:
+                    print(delta, end="", flush=True)
+                result = stream.result
             print()
         else:
-            result = output
+            result = generator.generate(prompt, params=params_from_args(args), **kwargs)
             print(_shown(result, args) if result.complete else result.text)
     except (CdslError, ValueError, OSError) as exc:
         first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]

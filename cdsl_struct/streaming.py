@@ -1,14 +1,18 @@
-"""Streaming: committed tokens to text deltas, and running a decode in a thread as an iterator."""
+"""Streaming: committed tokens to text deltas, and a request run on a thread of its own as a
+stream of them (``TextStream`` for a caller that blocks, ``AsyncTextStream`` for an event loop)."""
 
 from __future__ import annotations
 
+import asyncio
 import codecs
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from .constraints import TokenVocabulary
+from .errors import RequestCancelled
 
 
 class TextDeltas:
@@ -28,49 +32,262 @@ class TextDeltas:
         return self._decoder.decode(self.vocabulary.decode([t for t in tokens if t not in eos]))
 
     def flush(self) -> str:
+        """What is left of a character the last tokens began (U+FFFD for bytes that end no character)."""
         return self._decoder.decode(b"", final=True)
 
 
-class Cancelled(Exception):
-    """Raised inside a streaming decode when its consumer went away."""
+class LinkedCancel(threading.Event):
+    """A request's cancel event: set by its stream (closed, or its task cancelled), and read as set
+    too once ``parent`` (the caller's own ``cancel=`` event, if any) is set. The engine reads
+    ``is_set()`` at each step boundary."""
+
+    def __init__(self, parent: threading.Event | None = None) -> None:
+        super().__init__()
+        self.parent = parent
+
+    def is_set(self) -> bool:
+        """True once this event or its parent is set."""
+        return super().is_set() or (self.parent is not None and self.parent.is_set())
 
 
-def stream_in_thread(work: Callable[[Callable[[str], None]], Any]) -> Iterator[Any]:
-    """Run ``work(emit)`` in a thread; yield each ``emit``-ted delta, then ``work``'s result.
+Work = Callable[[Callable[[str], None], threading.Event], Any]
+"""A request run on a thread: ``work(emit, cancel)`` decodes, passing text deltas to ``emit``,
+ending its rows once ``cancel`` is set, and returns the final value (a Result, or a list of them)."""
 
-    Closing the iterator early (or dropping it) makes the next ``emit`` raise ``Cancelled`` in
-    the worker, so the decode stops and releases whatever lock it holds. The queue is
-    unbounded: a worker never waits on a slow consumer.
+_DELTA, _RESULT, _ERROR = "delta", "result", "error"
+
+
+def start_in_thread(work: Work, cancel: threading.Event, put: Callable[[tuple[str, Any]], None]) -> None:
+    """Run ``work(emit, cancel)`` on a daemon thread of its own; ``put`` receives ``("delta", text)``
+    for each non-empty delta, then ``("result", value)`` or ``("error", exception)``.
+
+    ``put`` runs on that thread: a plain queue's ``put`` for a caller that blocks, or a hand-off
+    through ``loop.call_soon_threadsafe`` for one that awaits. Nothing here holds a reference to the
+    stream object, so a dropped stream can be collected (and cancel its request) while it runs.
     """
-    items: queue.SimpleQueue = queue.SimpleQueue()
-    cancelled = threading.Event()
 
     def emit(delta: str) -> None:
-        if cancelled.is_set():
-            raise Cancelled
         if delta:
-            items.put(("delta", delta))
+            put((_DELTA, delta))
 
     def run() -> None:
         try:
-            items.put(("result", work(emit)))
-        except Cancelled:
-            pass
-        except BaseException as exc:  # noqa: BLE001 - handed to the consumer's thread
-            items.put(("error", exc))
+            outcome = (_RESULT, work(emit, cancel))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            outcome = (_ERROR, exc)
+        put(outcome)
 
-    def iterate() -> Iterator[Any]:
-        thread = threading.Thread(target=run, name="cdsl-stream", daemon=True)
-        thread.start()
-        try:
+    threading.Thread(target=run, name="cdsl-stream", daemon=True).start()
+
+
+class TextStream(Iterator[str]):
+    """One request's text as it is decoded: iterate it for the text deltas (``str``), then read
+    ``result`` for the final ``Result``. The deltas concatenate to ``result.text`` (text that may
+    begin a stop string is held back until it cannot).
+
+    The request starts when the stream is first iterated (or ``result`` is first read).
+    ``result`` read before the deltas were all iterated waits for the request to end; the deltas
+    not yet read stay to be iterated. As a context manager (``with gen.stream(p) as s:``), leaving
+    the block before the request ended cancels it: its rows end within a step (and ``result`` is
+    then the partial output with ``finish_reason="cancelled"``). ``close()`` does the same, as does
+    dropping an unfinished stream. An error of the request is raised by the iteration and again by
+    ``result``. Read a stream from one thread.
+    """
+
+    def __init__(self, work: Work, cancel: threading.Event | None = None) -> None:
+        self._work: Work | None = work
+        self._cancel = LinkedCancel(cancel)
+        self._items: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._pending: deque[str] = deque()
+        self._outcome: tuple[str, Any] | None = None
+        self._closed = False
+
+    def _start(self) -> None:
+        if self._work is not None:
+            work, self._work = self._work, None
+            start_in_thread(work, self._cancel, self._items.put)
+
+    def __iter__(self) -> TextStream:
+        return self
+
+    def __next__(self) -> str:
+        if self._pending:
+            return self._pending.popleft()
+        if self._outcome is not None or (self._closed and self._work is not None):
+            raise StopIteration
+        self._start()
+        kind, item = self._items.get()
+        if kind == _DELTA:
+            return item
+        self._outcome = (kind, item)
+        if kind == _ERROR:
+            raise item
+        raise StopIteration
+
+    @property
+    def done(self) -> bool:
+        """True once the request ended (the deltas may not all have been iterated yet)."""
+        return self._outcome is not None
+
+    @property
+    def result(self) -> Any:
+        """The final ``Result``; read early, it waits for the request to end (see the class).
+
+        Raises the request's error, or ``RequestCancelled`` if the stream was closed before it
+        started (nothing was decoded)."""
+        if self._outcome is None:
+            if self._closed and self._work is not None:
+                raise RequestCancelled("this stream was closed before it started; nothing was decoded")
+            self._start()
             while True:
-                kind, item = items.get()
-                if kind == "error":
-                    raise item
-                yield item
-                if kind == "result":
-                    return
-        finally:
-            cancelled.set()
+                kind, item = self._items.get()
+                if kind != _DELTA:
+                    self._outcome = (kind, item)
+                    break
+                self._pending.append(item)
+        kind, item = self._outcome
+        if kind == _ERROR:
+            raise item
+        return item
 
-    return iterate()
+    def close(self) -> None:
+        """Cancel the request if it is still running (its rows end within a step); no wait."""
+        self._closed = True
+        if self._outcome is None:
+            self._cancel.set()
+
+    def __enter__(self) -> TextStream:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_outcome", True) is None:
+            self._cancel.set()
+
+
+class AsyncTextStream(AsyncIterator[str]):
+    """``TextStream`` for an event loop: ``async for`` the text deltas, then ``result``.
+
+    The request (resolving its constraint included) runs on a thread of its own, started by the
+    first ``__anext__`` (or ``finish()``); its deltas reach the loop through
+    ``loop.call_soon_threadsafe``, so the loop never blocks on it. Errors of the request (a bad
+    argument, a constraint that does not compile) are raised by the first ``__anext__``.
+
+    ``result`` is the final ``Result`` once the iteration ended; read earlier it raises
+    ``RuntimeError`` (``await stream.finish()`` waits for it instead, keeping the deltas not yet
+    read for the iteration). Cancelling the task that awaits the stream (in ``__anext__`` or
+    ``finish``) cancels the request, and the ``CancelledError`` propagates once its rows ended;
+    ``async with`` cancels it when the block is left early, as ``aclose()`` does.
+    """
+
+    def __init__(self, work: Work, cancel: threading.Event | None = None) -> None:
+        self._work: Work | None = work
+        self._cancel = LinkedCancel(cancel)
+        self._items: asyncio.Queue[tuple[str, Any]] | None = None
+        self._pending: deque[str] = deque()
+        self._outcome: tuple[str, Any] | None = None
+        self._closed = False
+
+    def _queue(self) -> asyncio.Queue[tuple[str, Any]]:
+        if self._items is None:
+            loop = asyncio.get_running_loop()
+            items: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+            self._items = items
+
+            def put(item: tuple[str, Any]) -> None:
+                try:
+                    loop.call_soon_threadsafe(items.put_nowait, item)
+                except RuntimeError:  # the loop closed while the request ran: nobody is listening
+                    pass
+
+            assert self._work is not None
+            work, self._work = self._work, None
+            start_in_thread(work, self._cancel, put)
+        return self._items
+
+    async def _get(self) -> tuple[str, Any]:
+        """The next item of the request; a cancelled wait cancels the request and waits for its end."""
+        items = self._queue()
+        try:
+            return await items.get()
+        except asyncio.CancelledError:
+            self._cancel.set()
+            while self._outcome is None:  # the rows end within a step
+                kind, item = await items.get()
+                if kind != _DELTA:
+                    self._outcome = (kind, item)
+            raise
+
+    def __aiter__(self) -> AsyncTextStream:
+        return self
+
+    async def __anext__(self) -> str:
+        if self._pending:
+            return self._pending.popleft()
+        if self._outcome is not None or (self._closed and self._items is None):
+            raise StopAsyncIteration
+        kind, item = await self._get()
+        if kind == _DELTA:
+            return item
+        self._outcome = (kind, item)
+        if kind == _ERROR:
+            raise item
+        raise StopAsyncIteration
+
+    @property
+    def done(self) -> bool:
+        """True once the request ended (the deltas may not all have been iterated yet)."""
+        return self._outcome is not None
+
+    @property
+    def result(self) -> Any:
+        """The final ``Result``, once the request ended; ``RuntimeError`` before (the loop cannot
+        block: ``await finish()`` waits for it)."""
+        if self._outcome is None:
+            raise RuntimeError("the stream has not ended: iterate it to its end, or await stream.finish(), "
+                               "before reading result")
+        kind, item = self._outcome
+        if kind == _ERROR:
+            raise item
+        return item
+
+    async def finish(self) -> Any:
+        """Wait for the request to end; its final value (the deltas not yet read stay to be iterated).
+
+        Raises the request's error, or ``RequestCancelled`` if the stream was closed before it started."""
+        if self._outcome is None:
+            if self._closed and self._items is None:
+                raise RequestCancelled("this stream was closed before it started; nothing was decoded")
+            while True:
+                kind, item = await self._get()
+                if kind != _DELTA:
+                    self._outcome = (kind, item)
+                    break
+                self._pending.append(item)
+        return self.result
+
+    async def aclose(self) -> None:
+        """Cancel the request if it is still running (its rows end within a step); no wait."""
+        self._closed = True
+        if self._outcome is None:
+            self._cancel.set()
+
+    async def __aenter__(self) -> AsyncTextStream:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __del__(self) -> None:
+        if getattr(self, "_outcome", True) is None:
+            self._cancel.set()
+
+
+def legacy_stream(stream: TextStream) -> Iterator[Any]:
+    """The iterator ``generate(..., stream=True)`` gave before ``stream()``: the text deltas, then the
+    Result as the last item. Closing it early (or dropping it) cancels the request."""
+    with stream:
+        yield from stream
+        yield stream.result

@@ -29,7 +29,8 @@ def main() -> int:
     generator = cs.Generator()
     ok = True
     for pattern, prompts in ((ISO_DATE, DATES), (PHONE, PHONES)):
-        for prompt, result in zip(prompts, generator.generate(prompts, regex=pattern, max_tokens=24), strict=True):
+        results = generator.generate_batch(prompts, regex=pattern, max_tokens=24)
+        for prompt, result in zip(prompts, results, strict=True):
             matches = result.complete and re.fullmatch(pattern, result.text) is not None
             ok &= matches
             print(f"{result.text:20s} matches={matches}  <- {prompt}")

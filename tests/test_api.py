@@ -86,14 +86,48 @@ def test_free_text_stops_at_eos(gen):
 
 
 def test_stream_deltas_concatenate_to_the_text(gen):
-    items = list(gen.generate("Count from one to five in words.", max_tokens=12, stream=True))
-    *deltas, result = items
-    assert isinstance(result, Result) and all(isinstance(d, str) for d in deltas)
-    assert len(deltas) >= 2 and "".join(deltas) == result.text
+    stream = gen.stream("Count from one to five in words.", max_tokens=12)
+    assert isinstance(stream, cs.TextStream) and not stream.done
+    deltas = list(stream)
+    assert stream.done and all(isinstance(d, str) for d in deltas) and isinstance(stream.result, Result)
+    assert len(deltas) >= 2 and "".join(deltas) == stream.result.text
+    assert stream.result == stream.result and list(stream) == []  # read to its end: nothing more
+    alone = gen.generate("Count from one to five in words.", max_tokens=12)
+    assert stream.result.text == alone.text and stream.result.tokens == alone.tokens  # greedy: the same request
+
+
+def test_a_streams_result_read_early_waits_and_keeps_the_deltas(gen):
+    stream = gen.stream("Count from one to five in words.", max_tokens=12)
+    result = stream.result  # nothing iterated yet: waits for the end
+    assert isinstance(result, Result) and result.finish_reason == "length"
+    assert "".join(stream) == result.text  # the deltas are all still there
+
+
+def test_leaving_a_stream_early_cancels_its_request(gen):
+    with gen.stream("Tell me a long story about a dragon.", max_tokens=200) as stream:
+        first = next(stream)
+    assert isinstance(first, str)
+    result = stream.result  # ends within a step of the close
+    assert result.finish_reason == "cancelled" and len(result.tokens) < 200
+    assert gen.load().running_rows == 0
+    unstarted = gen.stream("Say yes.", max_tokens=3)
+    unstarted.close()
+    assert list(unstarted) == []
+    with pytest.raises(cs.RequestCancelled, match="closed before it started"):
+        _ = unstarted.result
+
+
+def test_a_streams_error_is_raised_by_the_iteration_and_by_result(gen):
+    stream = gen.stream("hi", reward=lambda text, final: 1 / 0, method="cdlh", max_tokens=4)
+    with pytest.raises(ZeroDivisionError):
+        list(stream)
+    with pytest.raises(ZeroDivisionError):
+        _ = stream.result
 
 
 def test_abandoned_stream_releases_the_generator(gen):
-    stream = gen.generate("Tell me a long story about a dragon.", max_tokens=40, stream=True)
+    with pytest.warns(DeprecationWarning, match=r"use stream\(prompt"):
+        stream = gen.generate("Tell me a long story about a dragon.", max_tokens=40, stream=True)
     first = next(stream)
     assert isinstance(first, str)
     stream.close()
@@ -118,7 +152,7 @@ def test_batch_compiles_once_and_returns_a_list(gen, monkeypatch):
     real = api.compile
     monkeypatch.setattr(api, "compile", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
     prompts = ["Is the sky blue? Answer yes or no.", "Is fire cold? Answer yes or no.", "Is snow white? yes or no."]
-    results = gen.generate(prompts, choices=["yes", "no"], max_tokens=4)
+    results = gen.generate_batch(prompts, choices=["yes", "no"], max_tokens=4)
     assert isinstance(results, list) and len(results) == 3
     assert all(r.complete and r.value in ("yes", "no") for r in results)
     assert len(calls) == 1
@@ -227,7 +261,7 @@ def test_bad_inputs_raise_typed_errors(gen, kwargs, error, match):
 
 def test_errors_are_raised_before_streaming_and_for_bad_prompts(gen):
     with pytest.raises(cs.InvalidSchema):
-        gen.generate("hi", schema={"type": 3}, stream=True)
+        gen.stream("hi", schema={"type": 3})
     with pytest.raises(ValueError, match="one prompt"):
         gen.generate(["a", "b"], stream=True)
     with pytest.raises(ValueError):
@@ -238,7 +272,7 @@ def test_errors_are_raised_before_streaming_and_for_bad_prompts(gen):
         gen.generate("hi", max_tokens=100_000)
     for kwargs in ({}, {"keywords": ["dog"]}):  # keyword requests too, before anything decodes
         with pytest.raises(ValueError, match="at least one prompt token"):
-            gen.generate(["a", ""], chat=False, max_tokens=2, **kwargs)
+            gen.generate_batch(["a", ""], chat=False, max_tokens=2, **kwargs)
 
 
 @pytest.mark.parametrize(("kwargs", "param"), [
@@ -264,7 +298,7 @@ def test_a_list_of_prompts_decodes_as_one_batch_and_matches_single_calls(gen):
     prompts = ["Ada Lovelace was 36. Extract the person.", "Alan Turing was 41. Extract the person.",
                "Marie Curie was 66. Extract the person."]
     steps_before = gen.engine.stats.steps
-    together = gen.generate(prompts, schema=PERSON, max_tokens=40)
+    together = gen.generate_batch(prompts, schema=PERSON, max_tokens=40)
     batched_steps = gen.engine.stats.steps - steps_before
     alone = [gen.generate(p, schema=PERSON, max_tokens=40) for p in prompts]
     assert [r.text for r in together] == [r.text for r in alone]
@@ -330,8 +364,8 @@ def test_stop_string_ends_where_the_constraint_accepts(gen):
     digits = gen.generate("1, 2, 3, 4,", chat=False, max_tokens=30, regex=r"( [0-9],){6}", stop=["7"])
     assert "7" in digits.text  # "7" inside the pattern cannot end it: the output runs to its end
     assert digits.finish_reason == "stop" and re.fullmatch(r"( [0-9],){6}", digits.text)
-    *deltas, streamed = gen.generate("1, 2, 3, 4,", chat=False, max_tokens=16, stop=["7"], stream=True)
-    assert "".join(deltas) == streamed.text == free.text
+    stream = gen.stream("1, 2, 3, 4,", chat=False, max_tokens=16, stop=["7"])
+    assert "".join(stream) == stream.result.text == free.text
 
 
 def test_keyword_rows_end_at_stop_strings_like_any_row(gen):
@@ -392,7 +426,9 @@ def test_methods_are_an_enum_that_takes_their_names():
 
 
 def test_each_verb_has_one_return_type(gen):
-    *deltas, streamed = gen.stream("Say yes or no.", choices=["yes", "no"], max_tokens=3)
+    assert isinstance(gen.generate("Say yes.", choices=["yes", "no"], max_tokens=3), Result)
+    stream = gen.stream("Say yes or no.", choices=["yes", "no"], max_tokens=3)
+    deltas, streamed = list(stream), stream.result
     assert all(isinstance(d, str) for d in deltas) and isinstance(streamed, Result)
     assert "".join(deltas) == streamed.text and streamed.value in ("yes", "no")
     one = gen.generate_batch(["Say yes."], choices=["yes", "no"], max_tokens=3)
@@ -408,6 +444,34 @@ def test_each_verb_has_one_return_type(gen):
         gen.stream(["a", "b"], choices=["yes", "no"])
     with pytest.raises(ValueError, match="stream"):
         gen.generate_batch(["a"], stream=True)
+
+
+def test_the_old_shapes_still_work_and_warn_naming_their_replacement(gen):
+    prompts = ["Say yes.", "Say no."]
+    with pytest.warns(DeprecationWarning, match=r"generate\(list_of_prompts\) is deprecated; use generate_batch"):
+        old = gen.generate(prompts, choices=["yes", "no"], max_tokens=3)
+    assert [r.text for r in old] == [r.text for r in gen.generate_batch(prompts, choices=["yes", "no"], max_tokens=3)]
+    with pytest.warns(DeprecationWarning, match=r"stream=True\) is deprecated; use stream\(prompt"):
+        items = list(gen.generate("Count from one to five in words.", max_tokens=8, stream=True))
+    *deltas, last = items  # the old shape: str deltas, then the Result
+    assert all(isinstance(d, str) for d in deltas) and isinstance(last, Result) and "".join(deltas) == last.text
+    with pytest.warns(DeprecationWarning, match="use generate_batch") as caught:
+        cs.generate(prompts, choices=["yes", "no"], max_tokens=3)
+    assert len(caught) == 1 and caught[0].filename == __file__  # once, at the caller's line
+
+
+def test_the_new_verbs_never_warn(gen, smollm2, monkeypatch):
+    import warnings
+
+    monkeypatch.setattr(api, "_generators", {})
+    monkeypatch.setattr(api, "load_model", lambda name, **options: smollm2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        assert isinstance(cs.generate("Say yes.", choices=["yes", "no"], max_tokens=3), Result)
+        batch = cs.generate_batch(["Say yes.", "Say no."], choices=["yes", "no"], max_tokens=3)
+        assert [type(r) for r in batch] == [Result, Result]
+        stream = cs.stream("Say yes.", choices=["yes", "no"], max_tokens=3)
+        assert isinstance(stream, cs.TextStream) and "".join(stream) == stream.result.text
 
 
 def test_params_object_and_keyword_overrides_decode_alike(gen):

@@ -30,7 +30,7 @@ def test_a_compiled_generator_answers_as_the_eager_one(tiny_folder):
             runner = generator.engine.runner
             assert (runner.compiled is not None and runner.compiled.active) is compiled
             steps = runner.compiled.steps if compiled else 0
-            results = generator.generate(prompts, schema=PERSON, max_tokens=24)
+            results = generator.generate_batch(prompts, schema=PERSON, max_tokens=24)
             answers[compiled] = [(r.text, r.finish_reason) for r in results]
             if compiled:
                 assert runner.compiled.steps > steps and runner.compiled.active  # decoded compiled, no fallback

@@ -1,9 +1,10 @@
 """Every Python snippet of README.md runs as documented, on the embedded model (SmolLM2-135M).
 
 Each fenced ```` ```python ```` block of README.md is run statement by statement, as a reader would
-paste it; the value of each expression statement is kept (an iterator, such as a stream, is read
-to its end), and ``CASES`` checks what README says of it: a Person instance, a ``lark.Tree``, a
-list of ``ToolCall``, the finish reason.
+paste it; the value of each expression statement is kept (a ``TextStream`` is read to its end
+and kept as its deltas and its Result; another iterator as its items), and ``CASES`` checks what
+README says of it: a Person instance, a ``lark.Tree``, a list of
+``ToolCall``, the finish reason.
 
 Conventions, for the few snippets that cannot run alone:
 
@@ -32,6 +33,8 @@ from typing import Any
 
 import lark
 import pytest
+
+from cdsl_struct.streaming import TextStream
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 MARKER = re.compile(r"<!--\s*readme-test:\s*(skip|continues)\b.*?-->")
@@ -86,7 +89,9 @@ def run_snippet(snippet: Snippet, namespace: dict[str, Any]) -> Values:
         where = f"README.md:{snippet.line + statement.lineno - 1}"
         if isinstance(statement, ast.Expr):
             value = eval(compile(ast.Expression(statement.value), where, "eval"), namespace)  # noqa: S307
-            if hasattr(value, "__next__"):  # a stream: read as README's reader would, to its end
+            if isinstance(value, TextStream):  # read as README's reader would, to its end
+                value = (list(value), value.result)
+            elif hasattr(value, "__next__"):
                 value = list(value)
             values.items.append((source, value))
         else:
@@ -127,17 +132,20 @@ def check_generate(ns: dict[str, Any], values: Values) -> None:
     assert text == r.text and reason == "stop" and stats["tokens"] == len(r.tokens)
     date = values.of("regex=")
     assert date.finish_reason == "stop" and re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", date.value)
-    assert values.of("choices=") in ("yes", "no")
+    assert values.of('cs.generate("Is it positive?"') in ("yes", "no")
     assert isinstance(values.of('grammar="arithmetic"'), lark.Tree)  # "a lark.Tree"
     assert values.of("keywords=").method == "cdsl"  # "CDSL, keyword-steered"
     calls = values.of("tools=[get_weather]")
     assert calls and all(isinstance(c, cs.ToolCall) for c in calls) and calls[0].name == "get_weather"
-    batch = values.of('gen.generate(["prompt 1", "prompt 2"]')
-    assert len(batch) == 2 and all(isinstance(r, cs.Result) for r in batch)
-    assert [type(r) for r in values.of("gen.generate_batch(")] == [cs.Result] * len(ns["prompts"])
-    *deltas, last = values.of("gen.stream(")  # "str deltas, then the Result"
+    assert [type(r) for r in values.of('gen.generate_batch(["prompt 1", "prompt 2"]')] == [cs.Result] * 2
+    deltas, last = values.of("gen.stream(")  # "a TextStream: str deltas, then .result"
     assert all(isinstance(d, str) for d in deltas) and isinstance(last, cs.Result)
     assert "".join(deltas) == last.text
+    streamed = ns["s"]  # the with-block's TextStream, iterated to its end
+    assert isinstance(streamed, cs.TextStream) and isinstance(ns["piece"], str)
+    assert streamed.result.finish_reason in ("stop", "length") and streamed.result.text.endswith(ns["piece"])
+    answer = values.of("asyncio.run(gen.agenerate(")
+    assert isinstance(answer, cs.Result) and answer.value in ("yes", "no")
 
 
 def given_constraint_api(lm: Any) -> dict[str, Any]:
@@ -222,7 +230,7 @@ def check_outlines(ns: dict[str, Any], values: Values) -> None:
 
 CASES = [
     Case('grammar="arithmetic"', check_generate,
-         lambda lm: {"get_weather": get_weather, "prompts": ["Ann is 3.", "Bo is 5."]}),
+         lambda lm: {"get_weather": get_weather}),
     Case("state.fill_mask(row)", check_constraint_api, given_constraint_api),
     Case("decode(target, compiled, prompt", check_decoding, given_decoding),
     Case("engine = BatchEngine(", check_engine, given_engine),

@@ -310,6 +310,7 @@ def test_auto_answers_in_text_or_calls(gen):
 
 
 def test_auto_streams_the_raw_output(gen):
-    *deltas, result = gen.generate(FEW_SHOT, tools=[WEATHER], max_tokens=30, stream=True)
+    stream = gen.stream(FEW_SHOT, tools=[WEATHER], max_tokens=30)
+    deltas, result = list(stream), stream.result
     assert isinstance(result, Result) and result.tool_calls
     assert "".join(deltas) == result.text and len(deltas) > 3

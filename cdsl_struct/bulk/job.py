@@ -1,7 +1,7 @@
 """A bulk job: ``run_job`` over a JSON lines file under one ``BatchJob``'s settings, locally or on Ray.
 
 Local engine: rows go through one ``Generator`` in chunks of ``chunk_size``, each chunk one call
-of ``Generator.generate(list_of_prompts)`` (rows of one batch on the batched engine). Output rows
+of ``Generator.generate_batch(prompts)`` (rows of one batch on the batched engine). Output rows
 are appended and flushed one by one; ids already in the output are skipped (resume).
 """
 

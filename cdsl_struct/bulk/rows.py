@@ -47,7 +47,7 @@ def decode_chunk(generator: Generator, job: BatchJob, rows: list[dict[str, Any]]
     todo = [i for i, p in enumerate(prompts) if p is not None]
     if todo:
         try:
-            results = generator.generate([prompts[i] for i in todo], **job.generate_kwargs())
+            results = generator.generate_batch([prompts[i] for i in todo], **job.generate_kwargs())
             for i, result in zip(todo, results, strict=True):
                 out[i] = result_row(rows[i], result)
         except Exception:  # noqa: BLE001 - isolate the row(s) at fault below
@@ -59,7 +59,7 @@ def decode_chunk(generator: Generator, job: BatchJob, rows: list[dict[str, Any]]
 def decode_one(generator: Generator, job: BatchJob, row: dict[str, Any], prompt: Any) -> dict[str, Any]:
     """One row alone; its error recorded in the row instead of raised."""
     try:
-        return result_row(row, generator.generate([prompt], **job.generate_kwargs())[0])
+        return result_row(row, generator.generate(prompt, **job.generate_kwargs()))
     except Exception as exc:  # noqa: BLE001 - a failing row must not end the job
         return error_row(row, exc)
 

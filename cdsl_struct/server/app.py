@@ -90,9 +90,11 @@ class _Service:
     def model_card(self) -> dict[str, Any]:
         return {"id": self.model, "object": "model", "created": self.created, "owned_by": "cdsl_struct"}
 
-    def _generate(self, call: GenerateCall, cancel: threading.Event, **extra: Any) -> Any:
-        return self.generator.generate(call.prompt, params=call.params, cancel=cancel,
-                                       compile_timeout=self.compile_timeout, **call.kwargs, **extra)
+    def _generate(self, call: GenerateCall, cancel: threading.Event) -> Any:
+        """The Result of ``call`` (a list of them for a batch: several prompts, or ``n`` > 1)."""
+        verb = self.generator.generate_batch if call.is_batch else self.generator.generate
+        return verb(call.prompt, params=call.params, cancel=cancel, compile_timeout=self.compile_timeout,
+                    **call.kwargs)
 
     async def read(self, body: ChatCompletionRequest | CompletionRequest) -> GenerateCall:
         """The request's ``GenerateCall``, read off the event loop (a client's grammar builds a
@@ -178,13 +180,11 @@ class _Service:
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     def _stream_items(self, call: GenerateCall, cancel: threading.Event) -> Iterator[Any]:
-        stream = self._generate(call, cancel, stream=True)
-        try:
+        """The text deltas of ``call``, then its Result; closed early, the request is cancelled."""
+        with self.generator.stream(call.prompt, params=call.params, cancel=cancel,
+                                   compile_timeout=self.compile_timeout, **call.kwargs) as stream:
             yield from stream
-        finally:
-            close = getattr(stream, "close", None)
-            if close is not None:
-                close()
+            yield stream.result
 
     async def _events(self, first: Any, items: AsyncIterator[Any], call: GenerateCall, writer: ChunkWriter,
                       include_usage: bool, cancel: threading.Event, started: float,

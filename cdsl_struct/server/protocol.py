@@ -173,6 +173,12 @@ class GenerateCall:
     """``tool_choice`` named a function: OpenAI then finishes a call with ``stop``."""
 
     @property
+    def is_batch(self) -> bool:
+        """Whether ``prompt`` is several prompts (strings or message lists: ``generate_batch``),
+        not one (a string or one message list: ``generate``)."""
+        return isinstance(self.prompt, list) and not all(isinstance(p, dict) for p in self.prompt)
+
+    @property
     def tool_mode(self) -> bool:
         """Whether the output may hold tool calls."""
         return bool(self.kwargs.get("tools")) and self.kwargs.get("tool_choice") != "none"

@@ -92,10 +92,11 @@ def test_int8_draft_refuses_a_non_cpu_target():
 def test_generate_on_cuda_keeps_the_step_loop_on_the_gpu():
     gen = cs.Generator("smollm2", device="cuda", draft="lookup")
     assert gen.device.type == "cuda" and gen.loaded.model.dtype in (torch.bfloat16, torch.float32)
-    results = gen.generate(["Ada Lovelace was 36. Extract the person.", "Alan Turing was 41. Extract the person."],
-                           schema={"type": "object", "properties": {"name": {"type": "string"},
-                                                                    "age": {"type": "integer"}},
-                                   "required": ["name", "age"]}, max_tokens=40)
+    results = gen.generate_batch(["Ada Lovelace was 36. Extract the person.",
+                                  "Alan Turing was 41. Extract the person."],
+                                 schema={"type": "object", "properties": {"name": {"type": "string"},
+                                                                          "age": {"type": "integer"}},
+                                         "required": ["name", "age"]}, max_tokens=40)
     assert all(r.finish_reason != "stop" or isinstance(r.value, dict) for r in results)
     assert gen.engine.runner.device.type == "cuda"
     gen.close()
@@ -107,7 +108,7 @@ def test_float32_cuda_batch_matches_the_cpu_single_row():
     gpu = cs.Generator("smollm2", device="cuda", dtype="float32", draft=None)
     prompts = ["Name a colour.", "Name a fruit.", "Name an animal.", "Name a city."]
     a = [cpu.generate(p, choices=["red", "apple", "cat", "Paris", "other"]).text for p in prompts]
-    b = [r.text for r in gpu.generate(prompts, choices=["red", "apple", "cat", "Paris", "other"])]
+    b = [r.text for r in gpu.generate_batch(prompts, choices=["red", "apple", "cat", "Paris", "other"])]
     assert sum(x == y for x, y in zip(a, b, strict=True)) >= 3
     cpu.close()
     gpu.close()

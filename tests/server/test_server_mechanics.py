@@ -34,6 +34,29 @@ class FakeTokenizer:
         return {"input_ids": list(range(len(text.split())))}
 
 
+class FakeStream:
+    """``TextStream``'s surface over the fake's items (str pieces, then the Result)."""
+
+    def __init__(self, items):
+        self.items = iter(items)
+        self.result = None
+
+    def __iter__(self):
+        for item in self.items:
+            if isinstance(item, str):
+                yield item
+            else:
+                self.result = item
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        close = getattr(self.items, "close", None)
+        if close is not None:
+            close()
+
+
 @dataclass
 class FakeGenerator:
     """Answers from the prompt text: ``block`` waits for ``release``; ``timeout``, ``dead`` and
@@ -86,6 +109,12 @@ class FakeGenerator:
             return result
         pieces = [result.text[i:i + 4] for i in range(0, len(result.text), 4)]
         return iter([*pieces[:-1], result])  # the last piece left out: the server sends the rest
+
+    def generate_batch(self, prompts, **kwargs):
+        return [self.generate(one, **kwargs) for one in prompts]
+
+    def stream(self, prompt, **kwargs):
+        return FakeStream(self.generate(prompt, stream=True, **kwargs))
 
     def _slow(self, text, cancel, stream):
         """Text ``"ab"`` first (``slow after text``), then nothing until ``cancel``; a cancelled Result."""
