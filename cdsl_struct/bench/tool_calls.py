@@ -68,7 +68,7 @@ def run_tool_bench(config: ToolBenchConfig, loaded: Any = None) -> dict[str, Any
         try:
             generator.generate(prompts[0], max_tokens=8, **options)  # compile, warm
             started = time.perf_counter()
-            results = generator.generate(prompts, max_tokens=config.max_tokens, **options)
+            results = generator.generate_batch(prompts, max_tokens=config.max_tokens, **options)
             wall = time.perf_counter() - started
         finally:
             generator.close()
