@@ -185,13 +185,14 @@ def _await(handle: _WorkerHandle, deadline: float, memory_bytes: int) -> tuple[A
     while True:
         if handle.rss() > memory_bytes:
             return None, "memory budget exceeded"
-        if handle.conn.poll(0.02):
+        wait = min(0.02, deadline - time.perf_counter())
+        if wait <= 0:  # the budget is checked before each poll, so a budget of 0 admits no message
+            return None, "time budget exceeded"
+        if handle.conn.poll(wait):
             try:
                 return handle.conn.recv(), None
             except EOFError:
                 return None, "worker died"
-        if time.perf_counter() > deadline:
-            return None, "time budget exceeded"
         if not handle.process.is_alive():
             return None, "worker died"
 
