@@ -1,6 +1,6 @@
 """Lark grammars: an arithmetic expression and an SQL SELECT statement.
 
-Both grammars ship with the library (``grammars/arithmetic.lark``, ``grammars/sql_select.lark``);
+Both grammars ship with the library (``arithmetic.lark``, ``sql_select.lark`` in ``cdsl_struct/grammars/``);
 ``grammar=`` also takes Lark text or a ``.lark`` path. The output always parses, and
 ``Result.value`` is its ``lark.Tree``. Run: ``.venv/bin/python examples/grammar_arithmetic_sql.py``.
 """

@@ -1,4 +1,4 @@
-"""Checks for the bundled Lark grammars in grammars/.
+"""Checks for the bundled Lark grammars in cdsl_struct/grammars/.
 
 Each grammar must load in python-lark (Earley), accept a set of valid samples,
 reject a set of invalid ones, and be accepted by llguidance's grammar validator.
@@ -13,7 +13,7 @@ import lark
 import llguidance
 import pytest
 
-GRAMMAR_DIR = Path(__file__).resolve().parent.parent / "grammars"
+GRAMMAR_DIR = Path(__file__).resolve().parent.parent / "cdsl_struct" / "grammars"
 
 SAMPLES: dict[str, tuple[list[str], list[str]]] = {
     "json": (

@@ -1,4 +1,5 @@
-"""The built distribution carries what users and type checkers need: the ``py.typed`` marker (PEP 561)."""
+"""The built distribution carries what users and type checkers need: the ``py.typed`` marker (PEP 561)
+and the shipped grammars."""
 
 from __future__ import annotations
 
@@ -29,4 +30,7 @@ def test_the_wheel_ships_py_typed(tmp_path):
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     wheel = tmp_path / "dist" / done.stdout.strip().splitlines()[-1]
-    assert "cdsl_struct/py.typed" in zipfile.ZipFile(wheel).namelist()
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "cdsl_struct/py.typed" in names
+    # the shipped grammars too: grammar="arithmetic" works from a pip install, not only from a clone
+    assert {f"cdsl_struct/grammars/{name}.lark" for name in ("arithmetic", "json", "sql_select")} <= set(names)

@@ -28,7 +28,7 @@ except ImportError:  # pragma: no cover - Python 3.10
 
 from ..errors import GrammarSyntaxError, InvalidSchema, UnknownGrammar, UnsatisfiableSchema, UnsupportedFeature
 
-GRAMMARS_DIR = Path(__file__).resolve().parents[2] / "grammars"
+GRAMMARS_DIR = Path(__file__).resolve().parents[1] / "grammars"
 
 
 class ConstraintSpec:
