@@ -65,6 +65,8 @@ def _add_bench_parsers(commands: Any) -> None:
     spec.add_argument("--repeat", type=int, default=1, help="rounds over all tasks (interleaved)")
     spec.add_argument("--prompts", help="JSON lines {prompt, schema|regex|grammar}; default: built-in tasks")
     spec.add_argument("--model", default="smollm2", help="target model (default: the embedded SmolLM2)")
+    spec.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    spec.add_argument("--dtype", default="auto", help="auto, float32 or bfloat16 (float32: batch-invariant checks)")
     spec.add_argument("--no-hf", action="store_true", help="skip the transformers baselines (c) and (d)")
     spec.add_argument("--json", dest="json_out", help="write runs and summary here")
     spec.add_argument("--no-progress", action="store_true")
@@ -76,6 +78,7 @@ def _add_bench_parsers(commands: Any) -> None:
     ovh.add_argument("--threads", type=int, default=1, help="torch threads (0: leave torch's default)")
     ovh.add_argument("--mask-workers", type=int, default=2, help="the engine's mask threads (default 2)")
     ovh.add_argument("--neighbour", action="store_true", help="also run each size beside a process busy on one core")
+    ovh.add_argument("--device", default="cpu", help="where the near-zero model runs: cpu, cuda, cuda:N or mps")
     ovh.add_argument("--json", dest="json_out", help="write the report here")
 
     thr = bench.add_parser("throughput", help="batched engine: tokens/s, latency and batch invariance by batch size")
@@ -279,7 +282,7 @@ def _speculative(args: argparse.Namespace) -> int:
     from .bench.speculative import SpeculativeConfig, format_table, load_tasks, run_speculative_bench
 
     config = SpeculativeConfig(draft=args.draft, k=args.k, max_tokens=args.max_tokens, repeat=args.repeat,
-                               model=args.model, with_hf=not args.no_hf)
+                               model=args.model, with_hf=not args.no_hf, device=args.device, dtype=args.dtype)
     report = run_speculative_bench(load_tasks(args.prompts), config, progress=not args.no_progress)
     return _report(report, format_table(report["summary"]), args.json_out)
 
@@ -289,7 +292,7 @@ def _overhead(args: argparse.Namespace) -> int:
 
     config = OverheadConfig(rows=tuple(int(r) for r in args.rows.split(",") if r.strip()), max_tokens=args.max_tokens,
                             tokenizer=args.tokenizer, threads=args.threads or None, mask_workers=args.mask_workers,
-                            neighbour=args.neighbour)
+                            neighbour=args.neighbour, device=args.device)
     report = run_overhead_bench(config)
     return _report(report, format_table(report), args.json_out)
 

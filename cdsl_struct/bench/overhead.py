@@ -26,7 +26,8 @@ import torch
 
 from ..constraints import JsonSchema, compile
 from ..decoding import PHASES, BatchEngine, Request
-from ..models import batch_runner, load_tokenizer
+from ..models import batch_runner, load_tokenizer, model_device
+from ..models.device import resolve_device
 from ..prompts import prompt_ids
 from .host_reads import HostReads
 from .serving import PERSON_SCHEMA, prompts
@@ -46,6 +47,9 @@ class OverheadConfig:
     """Also run each size beside a process spinning on one core."""
     read_steps: int = 6
     """Steps of the separate run that counts host reads."""
+    device: str = "cpu"
+    """Where the model runs. Off the CPU the forward is asynchronous: its phase times the launch,
+    and wall per step is the figure to read."""
 
 
 def near_zero_model(vocab_size: int, seed: int = 0) -> Any:
@@ -65,13 +69,13 @@ def near_zero_model(vocab_size: int, seed: int = 0) -> Any:
 def run_overhead_bench(config: OverheadConfig) -> dict[str, Any]:
     """Every size in ``config.rows`` (and beside a busy neighbour if asked); a report dict."""
     tokenizer = load_tokenizer(config.tokenizer)
-    model = near_zero_model(len(tokenizer))
+    model = near_zero_model(len(tokenizer)).to(resolve_device(config.device))
     compiled = compile(JsonSchema(PERSON_SCHEMA), tokenizer, eos_token_ids=[tokenizer.eos_token_id])
     before = torch.get_num_threads()
     if config.threads:
         torch.set_num_threads(config.threads)
     try:
-        machine = _machine()  # with the bench's thread count
+        machine = {**_machine(), "device": _device_name(model)}  # with the bench's thread count
         _measure(model, tokenizer, compiled, 2, config)  # warm-up, untimed
         sizes = []
         for rows in config.rows:
@@ -86,6 +90,7 @@ def run_overhead_bench(config: OverheadConfig) -> dict[str, Any]:
     finally:
         torch.set_num_threads(before)
     summary = {"host_ms": {entry["rows"]: entry["host_ms"] for entry in sizes},
+               "wall_ms": {entry["rows"]: entry["wall_ms"] for entry in sizes},
                "host_reads_per_step": max(entry["host_reads_per_step"] for entry in sizes)}
     return {"config": asdict(config), "machine": machine, "sizes": sizes, "summary": summary}
 
@@ -108,6 +113,9 @@ def _measure(model: Any, tokenizer: Any, compiled: Any, rows: int, config: Overh
         while not all(row.done for row in running):
             engine.step()
         wall = time.perf_counter() - started
+        failed = next((row.error for row in running if row.error is not None), None)
+        if failed is not None:
+            raise RuntimeError(f"a row of the {rows}-row run failed: {failed!r}") from failed
         count = stats.steps - steps
         spent = {name: stats.phase_seconds[name] - phases[name] for name in PHASES}
     finally:
@@ -167,6 +175,11 @@ def _machine() -> dict[str, Any]:
             "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
 
 
+def _device_name(model: Any) -> str:
+    device = model_device(model)
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
 def format_table(report: dict[str, Any]) -> str:
     """The report as a table: a line per size, host time and its phases per step."""
     header = f"{'rows':>5} {'steps':>5} {'wall':>8} {'forward':>8} {'host':>8}  " + " ".join(
@@ -177,5 +190,6 @@ def format_table(report: dict[str, Any]) -> str:
         neighbour = f"{entry['neighbour_cost']:.2f}x" if entry.get("neighbour_cost") else "-"
         lines.append(f"{entry['rows']:>5} {entry['steps']:>5} {entry['wall_ms']:8.2f} {entry['forward_ms']:8.2f} "
                      f"{entry['host_ms']:8.2f}  {phases}  {entry['host_reads_per_step']:>5}  {neighbour}")
-    lines.append("ms per step; host = wall - forward; " + f"cpu flags: {' '.join(report['machine']['cpu_flags'])}")
+    lines.append(f"ms per step on {report['machine'].get('device', 'cpu')}; host = wall - forward; "
+                 f"cpu flags: {' '.join(report['machine']['cpu_flags'])}")
     return "\n".join(lines)

@@ -83,6 +83,8 @@ class SpeculativeConfig:
     model: str = "smollm2"
     with_hf: bool = True
     with_outlines: bool | None = None  # None: when the outlines package is installed
+    device: str = "auto"
+    dtype: str = "auto"
 
 
 def load_tasks(path: str | Path | None) -> list[dict[str, Any]]:
@@ -138,7 +140,7 @@ def run_speculative_bench(tasks: list[dict[str, Any]], config: SpeculativeConfig
     """Run (a)-(d) for every task, interleaved; return ``{"runs": [...], "summary": {...}}``."""
     import tqdm
 
-    loaded = load_model(config.model)
+    loaded = load_model(config.model, device=config.device, dtype=config.dtype)
     tokenizer, model = loaded.tokenizer, loaded.model
     target = ModelRunner(model)
     proposers = build_proposers(config.draft, model, target_tokenizer=tokenizer)

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from ..errors import CdslError
+from .compat import cache_keyword
 from .device import model_device
 from .growing_cache import growing_cache
 from .prefix_cache import PrefixCache
@@ -103,6 +104,7 @@ class BatchRunner:
     def __init__(self, model: Any, name: str = "target", pad_token_id: int = 0,
                  prefix_cache_bytes: int = 256 * 2**20) -> None:
         self.model = model
+        self.cache_keyword = cache_keyword(model)
         self.prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         self.name = name
         self.device = model_device(model)
@@ -259,7 +261,7 @@ class BatchRunner:
         else:
             mask, position_ids = self.valid.to(self.device, torch.long), positions.to(self.device)
         out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=position_ids,
-                         past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
+                         **{self.cache_keyword: self.cache}, use_cache=True, logits_to_keep=keep)
         self.cache = out.past_key_values
         self.passes += 1
         self.positions += sum(len(t) for t in tails)

@@ -37,6 +37,7 @@ import torch
 from ..errors import CdslError
 from .attention import DECODE_ATTENTION, decode_attention, ragged_step, row_attention
 from .batch import Feed, check_feeds, kv_bytes_per_token, reusable_prefix
+from .compat import cache_keyword
 from .compiled import CompiledForward, warm
 from .device import model_device
 from .prefix_cache import PrefixCache
@@ -91,6 +92,8 @@ class StepPlan:
     long_rows: list[tuple[int, int, int, int, torch.Tensor]]
     """``(slot, first flat token, tokens, row length after the step, causal mask)`` of each row that
     attends on its own (a prompt, or every row of a step of at most ``SOLO_ROWS`` rows)."""
+    cache_shape: tuple[int, int] = (0, 0)
+    """The ``SlotCache``'s (slots, capacity) this step: what each layer's keys must have."""
     grouped_bias: dict[tuple[int, int, torch.dtype], torch.Tensor] = field(default_factory=dict)
     """``grouped_mask`` as the additive bias of the scores matmul (0 or the dtype's lowest), made
     by the first layer that attends and shared by the rest: ``(kv_heads, group, dtype)`` -> ``[A * kv_heads,
@@ -177,6 +180,12 @@ def ragged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
     """Attention of a ragged step: ``query`` ``[1, heads, N, dim]``, ``key``/``value`` a layer's
     ``SlotCache`` buffers (this step's tokens already written); returns ``[1, N, heads, dim]``."""
     plan: StepPlan = _step.plan
+    if (key.shape[0], key.shape[2]) != plan.cache_shape:
+        # checked on the host before any index op: on CUDA an out-of-range index is a device-side
+        # assert that ends every later CUDA call of the process, past any fallback
+        raise CdslError(f"ragged attention got keys of {key.shape[0]} rows x {key.shape[2]} positions where the "
+                        f"runner's cache holds {plan.cache_shape[0]} x {plan.cache_shape[1]}: the model's layers "
+                        "did not write through the runner's cache")
     heads, tokens, dim = query.shape[1], query.shape[2], query.shape[3]
     kv_heads = key.shape[1]
     group = heads // kv_heads
@@ -327,6 +336,7 @@ class RaggedRunner:
             raise CdslError(f"{type(model).__name__} cannot run ragged steps; use BatchRunner")
         use_ragged_attention(model)
         self.model = model
+        self.cache_keyword = cache_keyword(model)
         self.name = name
         self.pad_token_id = pad_token_id
         self.prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
@@ -469,11 +479,11 @@ class RaggedRunner:
             # the model gets no cache: its layers write ours in ``ragged_attend``; an id past the
             # vocabulary would abort the process in a compiled embedding, eager raises IndexError
             if self.compiled is not None and (not ids.numel() or int(ids.max()) < self.vocab_size):
-                _step.cache = self.cache
-                out = self.compiled(cache=None, use_cache=False, **inputs)  # None: it failed, run eagerly
+                _step.cache = self.cache  # out None: the compiled forward failed, run eagerly
+                out = self.compiled(**{self.cache_keyword: None}, use_cache=False, **inputs)
                 _step.cache = None
             if out is None:
-                out = self.model(cache=self.cache, use_cache=True, **inputs)
+                out = self.model(**{self.cache_keyword: self.cache}, use_cache=True, **inputs)
         finally:
             _step.plan = _step.attend = _step.cache = None
         for row, tail in tails.items():
@@ -542,7 +552,7 @@ class RaggedRunner:
             grouped_width=width, grouped_length=length, grouped_valid=sum(h + c for _, _, c, h in grouped),
             grouped_mask=mask,
             grouped_real=_unless_in_order(real, device, len(queries)), grouped_tokens=grouped_tokens,
-            long_rows=long_rows)
+            long_rows=long_rows, cache_shape=(self.cache.rows, self.cache.length))
         return (plan, torch.tensor([ids]), torch.tensor([positions], device=device),
                 torch.tensor(kept, device=device), offsets)
 

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ..errors import CdslError, IncompatibleTokenizers
+from .compat import cache_keyword
 from .device import model_device, note_emulated_bf16
 from .packed import unpack_linears
 
@@ -27,6 +28,7 @@ class ModelRunner:
 
     def __init__(self, model: Any, name: str = "target") -> None:
         self.model = model
+        self.cache_keyword = cache_keyword(model)
         self.name = name
         self.device = model_device(model)
         self.cache: Any = None
@@ -71,7 +73,7 @@ class ModelRunner:
             self.reset()
         start = time.perf_counter()
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True,
+        out = self.model(input_ids=ids, **{self.cache_keyword: self.cache}, use_cache=True,
                          logits_to_keep=keep or len(tokens))
         self.cache = out.past_key_values
         self.tokens.extend(tokens)

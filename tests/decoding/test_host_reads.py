@@ -43,15 +43,21 @@ def test_the_counter_sees_a_read_of_a_forward_output_and_of_what_follows_from_it
         assert float(out[0]) == 2 and out.tolist() == [2, 2, 2] and reads.count == 3
 
 
-@pytest.mark.parametrize(("mask_workers", "kernels"), [(0, "host"), (2, "host"), (2, "device")])
+on_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.parametrize(("mask_workers", "kernels"), [(0, "host"), (2, "host"), (2, "device"),
+                                                       pytest.param(2, "cuda", marks=on_cuda)])
 def test_every_step_reads_the_device_once(setup, monkeypatch, mask_workers, kernels):
     """JSON and regex rows, prompt lookup drafts (speculation, rollback), forced tokens, the loop
     guard and penalties, rows joining and ending: one read a step, with the CPU's numpy kernels
-    (their one view of the logits) and with the torch ops a GPU runs (forced here)."""
+    (their one view of the logits), with the torch ops a GPU runs (forced here) and on a GPU."""
     if kernels == "device":
         monkeypatch.setattr(loop, "host_kernels", lambda logits: False)
         monkeypatch.setattr(mask, "host_kernels", lambda logits: False)
     tokenizer, model = setup
+    if kernels == "cuda":
+        model = near_zero_model(len(tokenizer)).to("cuda")
     eos = [tokenizer.eos_token_id]
     json_spec = compile(JsonSchema(PERSON_SCHEMA), tokenizer, eos_token_ids=eos)
     date = compile(Regex(r"\d{4}-\d{2}-\d{2}"), tokenizer, eos_token_ids=eos)

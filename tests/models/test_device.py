@@ -59,8 +59,8 @@ def test_bitmask_is_applied_on_the_logits_device_in_bulk():
 
 
 def test_step_loop_tensors_live_on_the_given_device(smollm2):
-    device = torch.device("cpu")
     loaded = smollm2
+    device = loaded.device  # the fixture's: the CPU, or a GPU where one is present
     assert loaded.device == device
     runner = ModelRunner(loaded.model)
     ids = prompt_ids(loaded.tokenizer, "Say yes.")
@@ -136,3 +136,35 @@ def test_emulated_bf16_is_said_once_and_only_where_it_is_emulated(monkeypatch, c
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 1 and "model 'smollm2'" in messages[0] and "dtype='float32'" in messages[0]
     assert "by conversion" in messages[0]
+
+
+@cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_ragged_runner_passes_its_self_check_on_cuda(dtype):
+    """The CUDA crash (a row's boolean mask with ``enable_gqa``) at its root: the real model on the
+    GPU gets the ragged runner, not the padded fallback."""
+    from cdsl_struct.models.loading import load_model
+    from cdsl_struct.models.ragged import RaggedRunner
+    from cdsl_struct.models.self_check import batch_runner, check_ragged
+
+    loaded = load_model("smollm2", device="cuda", dtype=dtype)
+    assert check_ragged(loaded.model) is None
+    assert isinstance(batch_runner(loaded.model, pad_token_id=0), RaggedRunner)
+
+
+@cuda
+def test_float32_speculation_on_cuda_is_identical_to_target_only():
+    """Lossless where verification is batch-invariant: float32 on the GPU."""
+    from cdsl_struct.models.loading import load_model
+
+    loaded = load_model("smollm2", device="cuda", dtype="float32")
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"]}
+    compiled = cs.compile(cs.JsonSchema(schema), loaded.tokenizer, eos_token_ids=loaded.eos_token_ids)
+    target = ModelRunner(loaded.model)
+    lookup = build_proposers("lookup", loaded.model)
+    for text in ("Ada Lovelace was 36. Extract the person as JSON.", "Alan Turing was 41. Extract the person."):
+        ids = prompt_ids(loaded.tokenizer, text)
+        plain = decode(target, compiled, ids, max_tokens=40)
+        drafted = decode(target, compiled, ids, proposers=lookup, k=6, max_tokens=40)
+        assert drafted.tokens == plain.tokens
