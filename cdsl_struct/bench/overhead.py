@@ -26,8 +26,7 @@ import torch
 
 from ..constraints import JsonSchema, compile
 from ..decoding import PHASES, BatchEngine, Request
-from ..models import batch_runner, load_tokenizer, model_device
-from ..models.device import resolve_device
+from ..models import batch_runner, load_tokenizer, model_device, resolve_device
 from ..prompts import prompt_ids
 from .host_reads import HostReads
 from .serving import PERSON_SCHEMA, prompts

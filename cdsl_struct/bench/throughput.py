@@ -387,19 +387,25 @@ def _hf_baseline(loaded: Any, jobs: list[Job], config: ThroughputConfig, rows: l
         key = job.compiled.spec.key
         if job.item.kind != "free" and key not in indexes:
             indexes[key] = _outlines_index(job.compiled.spec, job.compiled)
-    total_wall, tokens, valid, processed = 0.0, 0, 0, 0
+    total_wall, tokens, valid, processed, failed = 0.0, 0, 0, 0, []
     for job in jobs:
         index = indexes.get(job.compiled.spec.key) if job.item.kind != "free" else None
         ids = torch.tensor([job.prompt], device=loaded.device)
+        # every EOS of ours stops it too (a model's generation config may name only one)
         kwargs: dict[str, Any] = {"max_new_tokens": config.max_tokens, "do_sample": False, "pad_token_id": pad,
-                                  "attention_mask": torch.ones_like(ids)}
+                                  "eos_token_id": sorted(eos), "attention_mask": torch.ones_like(ids)}
         if index is not None:
             processed += 1
             kwargs["logits_processor"] = LogitsProcessorList(
                 [OutlinesCoreLogitsProcessor(index, job.compiled.vocab_size, len(job.prompt))])
         start = time.perf_counter()
-        with torch.inference_mode():
-            out = model.generate(ids, **kwargs)
+        try:
+            with torch.inference_mode():
+                out = model.generate(ids, **kwargs)
+        except ValueError as exc:  # the outlines-core guide refused the token generate chose
+            failed.append({"request": job.item.index, "error": str(exc)})
+            rows[job.item.index]["runs"]["hf"] = {"error": str(exc)}
+            continue
         wall = time.perf_counter() - start
         new = out[0, len(job.prompt):].tolist()
         stopped = bool(new) and new[-1] in eos
@@ -409,7 +415,7 @@ def _hf_baseline(loaded: Any, jobs: list[Job], config: ThroughputConfig, rows: l
         rows[job.item.index]["runs"]["hf"] = {"tokens": len(new), "stopped": stopped, "valid": ok, "text": text,
                                               "wall_s": round(wall, 4), "outlines_processor": index is not None}
     return {"requests": len(jobs), "of": config.requests, "with_outlines_processor": processed,
-            "wall_s": round(total_wall, 3), "tokens": tokens,
+            "failed": failed, "wall_s": round(total_wall, 3), "tokens": tokens,
             "tokens_per_s": round(tokens / total_wall, 2) if total_wall else 0.0, "valid": valid}
 
 

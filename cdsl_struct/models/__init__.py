@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .batch import BatchRunner, Feed
-    from .device import cpu_has_native_bf16, model_device
+    from .device import cpu_has_native_bf16, model_device, resolve_device
     from .loading import LoadedModel, load_model
     from .ragged import RaggedRunner
     from .runner import ModelRunner, self_draft
@@ -17,18 +17,18 @@ if TYPE_CHECKING:
     from .tokenizers import NAMED_TOKENIZERS, load_tokenizer
 
 __all__ = ["NAMED_TOKENIZERS", "BatchRunner", "Feed", "LoadedModel", "ModelRunner", "RaggedRunner", "batch_runner",
-           "cpu_has_native_bf16", "load_model", "load_tokenizer", "model_device", "self_draft"]
+           "cpu_has_native_bf16", "load_model", "load_tokenizer", "model_device", "resolve_device", "self_draft"]
 
 # Submodules that importing this package used to load (so were attributes of it); each is
 # imported when first read as one.
-_SUBMODULES = frozenset({"attention", "batch", "compiled", "device", "growing_cache", "loading", "names", "packed",
+_SUBMODULES = frozenset({"attention", "batch", "compat", "compiled", "device", "growing_cache", "loading", "names", "packed",
                          "prefix_cache", "ragged", "runner", "self_check", "tokenizers"})
 
 
 def __getattr__(name: str) -> Any:
     if name in ("BatchRunner", "Feed"):
         from . import batch as home
-    elif name in ("cpu_has_native_bf16", "model_device"):
+    elif name in ("cpu_has_native_bf16", "model_device", "resolve_device"):
         from . import device as home
     elif name in ("LoadedModel", "load_model"):
         from . import loading as home
