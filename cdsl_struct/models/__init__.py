@@ -21,7 +21,7 @@ __all__ = ["NAMED_TOKENIZERS", "BatchRunner", "Feed", "LoadedModel", "ModelRunne
 
 # Submodules that importing this package used to load (so were attributes of it); each is
 # imported when first read as one.
-_SUBMODULES = frozenset({"attention", "batch", "compat", "compiled", "device", "growing_cache", "loading", "names", "packed",
+_SUBMODULES = frozenset({"attention", "batch", "compiled", "device", "growing_cache", "loading", "names", "packed",
                          "prefix_cache", "ragged", "runner", "self_check", "tokenizers"})
 
 
