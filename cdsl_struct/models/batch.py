@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ..errors import CdslError
-from .compat import cache_keyword
+from .compat import cache_keyword, returned_cache
 from .device import model_device
 from .growing_cache import growing_cache
 from .prefix_cache import PrefixCache
@@ -262,7 +262,7 @@ class BatchRunner:
             mask, position_ids = self.valid.to(self.device, torch.long), positions.to(self.device)
         out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=position_ids,
                          **{self.cache_keyword: self.cache}, use_cache=True, logits_to_keep=keep)
-        self.cache = out.past_key_values
+        self.cache = returned_cache(out)
         self.passes += 1
         self.positions += sum(len(t) for t in tails)
         self.padded_positions += rows * width

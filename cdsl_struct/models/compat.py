@@ -20,3 +20,12 @@ def cache_keyword(model: Any) -> str:
     except (AttributeError, TypeError, ValueError):
         return "past_key_values"
     return "cache" if "cache" in parameters else "past_key_values"
+
+
+def returned_cache(output: Any) -> Any:
+    """The KV cache a forward returned (``output.cache`` where it is called that, else
+    ``output.past_key_values``; reading the old name on 5.2x only warns)."""
+    try:
+        return output["cache"]
+    except KeyError:
+        return output.past_key_values

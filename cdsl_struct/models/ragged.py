@@ -206,12 +206,18 @@ def ragged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
         else:
             keys, values = key.index_select(0, plan.grouped_slots), value.index_select(0, plan.grouped_slots)
         length = keys.shape[2]
-        # the mask as an additive bias and the scale folded into the matmul: one op instead of four
-        scores = torch.baddbmm(_grouped_bias(plan, kv_heads, group, grouped.dtype), grouped,
-                               keys.view(rows * kv_heads, length, dim).transpose(1, 2), alpha=scale)
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
-        attended = torch.bmm(probs.view(rows * kv_heads, group * width, length),
-                             values.view(rows * kv_heads, length, dim))
+        bias = _grouped_bias(plan, kv_heads, group, grouped.dtype)
+        keys, values = keys.view(rows * kv_heads, length, dim), values.view(rows * kv_heads, length, dim)
+        if grouped_by_sdpa(query.device):
+            # one "head" per (row, key/value head): a mask, and no ``enable_gqa`` beside it
+            attended = torch.nn.functional.scaled_dot_product_attention(
+                grouped.unsqueeze(1), keys.unsqueeze(1), values.unsqueeze(1), attn_mask=bias.unsqueeze(1),
+                scale=scale).squeeze(1)
+        else:
+            # the mask as an additive bias and the scale folded into the matmul: one op instead of four
+            scores = torch.baddbmm(bias, grouped, keys.transpose(1, 2), alpha=scale)
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
+            attended = torch.bmm(probs, values)
         attended = attended.view(rows, heads, width, dim).transpose(1, 2).reshape(rows * width, heads, dim)
         real = attended if plan.grouped_real is None else attended.index_select(0, plan.grouped_real)
         if plan.grouped_tokens is None:
@@ -229,6 +235,15 @@ def ragged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
                                  masked_gqa=masked_gqa_safe(query.device))
         out[first:first + count] = attended[0].transpose(0, 1).to(out.dtype)
     return out.unsqueeze(0)
+
+
+def grouped_by_sdpa(device: torch.device) -> bool:
+    """Whether the grouped rows attend through SDPA rather than the scores matmul with the mask
+    folded in (the CPU's: faster there). The matmul writes its scores in the model's dtype: in
+    bfloat16 on an H100 the ragged runner's logits were 1.28 from the model's own forward, over
+    twice what the model's own cached decoding differs by, and it failed its self-check; SDPA's
+    kernels keep the scores in float32."""
+    return device.type != "cpu"
 
 
 def masked_gqa_safe(device: torch.device) -> bool:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..errors import CdslError, IncompatibleTokenizers
-from .compat import cache_keyword
+from .compat import cache_keyword, returned_cache
 from .device import model_device, note_emulated_bf16
 from .packed import unpack_linears
 
@@ -75,7 +75,7 @@ class ModelRunner:
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         out = self.model(input_ids=ids, **{self.cache_keyword: self.cache}, use_cache=True,
                          logits_to_keep=keep or len(tokens))
-        self.cache = out.past_key_values
+        self.cache = returned_cache(out)
         self.tokens.extend(tokens)
         self.passes += 1
         self.positions += len(tokens)

@@ -24,16 +24,16 @@ import torch
 from .batch import BatchRunner, Feed
 from .device import model_device
 from .ragged import GROUPED_QUERIES, RaggedRunner, supports_ragged
-from .runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
 #: (absolute, relative to the largest reference logit) tolerance of the check, by dtype: float32
 #: differs from the reference by summation order only; half types by their rounding
-TOLERANCE = {torch.float32: (1e-3, 1e-4), torch.bfloat16: (0.1, 0.02), torch.float16: (0.05, 0.01)}
-#: the ragged runner may differ from the model's own forward by this many times what the model's own
-#: cached decoding does (its dtype's rounding in other shapes)
-NOISE_FACTOR = 2.0
+#: (absolute, relative to the largest logit) per dtype. bfloat16's is wide because its rounding is:
+#: SmolLM2's own forward in bfloat16 is up to 1.0 from its float32 one (|logits| up to 34), and the
+#: ragged runner's steps (same math, other shapes and kernels) were 1.28-1.31 from it on an H100 and
+#: on this AVX2 CPU; a runner's logic is held to float32's by the tests against solo runs
+TOLERANCE = {torch.float32: (1e-3, 1e-4), torch.bfloat16: (0.1, 0.06), torch.float16: (0.05, 0.01)}
 
 _checked: weakref.WeakKeyDictionary[Any, str | None] = weakref.WeakKeyDictionary()
 
@@ -73,15 +73,10 @@ def check_ragged(model: Any) -> str | None:
         dtype = next(model.parameters()).dtype
         # each row's feeds are prefixes of its last one: one reference forward a row covers them all
         references = {feed.row: _reference(model, feed.sequence) for feed in steps[-1]}
-        # the model's own cached decoding, fed as the rows are: how far its dtype alone moves the
-        # logits when the same positions are computed in other shapes (bf16 on a GPU: over a logit)
-        own = {feed.row: ModelRunner(model) for feed in steps[-1]}
         for feeds in steps:
             for feed, got in zip(feeds, runner.run(feeds), strict=True):
                 end = len(feed.sequence)
-                expected = references[feed.row][end - feed.keep:end]
-                noise = float((own[feed.row].run(feed.sequence, keep=feed.keep).float() - expected).abs().max())
-                problem = _compare(got, expected, dtype, noise)
+                problem = _compare(got, references[feed.row][end - feed.keep:end], dtype)
                 if problem is not None:
                     return f"row {feed.row!r} of {len(feed.sequence)} tokens: {problem}"
         runner.release("a", "b", "c")
@@ -97,14 +92,13 @@ def _reference(model: Any, sequence: list[int]) -> torch.Tensor:
     return model(input_ids=ids, use_cache=False).logits[0].float()
 
 
-def _compare(got: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype, noise: float = 0.0) -> str | None:
+def _compare(got: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype) -> str | None:
     """None where ``got`` agrees with ``reference`` (``[positions, vocab]``) for a model in ``dtype``,
-    else how it differs. ``noise``: how far the model's own cached decoding is from ``reference``;
-    the tolerance is at least ``NOISE_FACTOR`` times it (a dtype's rounding is not a runner's bug)."""
+    else how it differs."""
     if got.shape != reference.shape:
         return f"logits of shape {tuple(got.shape)}, expected {tuple(reference.shape)}"
     absolute, relative = TOLERANCE.get(dtype, TOLERANCE[torch.float32])
-    tolerance = max(absolute + relative * float(reference.abs().max()), NOISE_FACTOR * noise)
+    tolerance = absolute + relative * float(reference.abs().max())
     got, reference = got.float().cpu(), reference.cpu()
     difference = float((got - reference).abs().max())
     if not difference <= tolerance:  # NaN fails too

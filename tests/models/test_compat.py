@@ -11,7 +11,7 @@ from transformers import LlamaForCausalLM
 
 from cdsl_struct.errors import CdslError
 from cdsl_struct.models.batch import BatchRunner, Feed
-from cdsl_struct.models.compat import cache_keyword
+from cdsl_struct.models.compat import cache_keyword, returned_cache
 from cdsl_struct.models.ragged import RaggedRunner
 from cdsl_struct.models.runner import ModelRunner
 from tests.models.solo import close, solo, tiny_llama
@@ -50,6 +50,14 @@ def test_the_keyword_follows_the_forward_signature():
     assert cache_keyword(Newer()) == "cache"
     assert cache_keyword(_as(OlderLlama, tiny_llama())) == "past_key_values"
     assert cache_keyword(object()) == "past_key_values"
+
+
+def test_the_returned_cache_is_read_by_the_name_the_output_has():
+    class OlderOutput(dict):
+        past_key_values = "older"
+
+    assert returned_cache(OlderOutput()) == "older"
+    assert returned_cache({"cache": "newer"}) == "newer"
 
 
 @pytest.mark.parametrize("runner", [ModelRunner, BatchRunner, RaggedRunner])

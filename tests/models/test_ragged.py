@@ -60,11 +60,16 @@ def test_row_attention_off_the_cpu_equals_the_masked_gqa_one(group, count, held)
 
 
 def test_the_runner_on_the_gpus_attention_branch_matches_solo_runs(model, monkeypatch):
-    """The whole ragged runner with the attention branch a GPU takes (forced here on the CPU):
-    joins, decode steps of one or two rows (attending row by row), speculation after held positions."""
+    """The whole ragged runner with the attention branches a GPU takes (forced here on the CPU: rows
+    without a mask beside ``enable_gqa``, grouped rows through SDPA): joins, decode steps of one or
+    two rows (attending row by row) and of many (grouped), speculation after held positions, rows
+    leaving and forking, the cache growing."""
     monkeypatch.setattr(ragged, "masked_gqa_safe", lambda device: False)
+    monkeypatch.setattr(ragged, "grouped_by_sdpa", lambda device: True)
     test_rows_of_different_lengths_join_in_one_pass_and_match_solo_runs(model)
     test_speculation_crops_and_a_prompt_riding_in_a_decode_step(model)
+    test_leaving_forking_and_unfed_rows_keep_every_cache_right(model)
+    test_many_rows_grow_the_slot_cache(model)
 
 
 def test_leaving_forking_and_unfed_rows_keep_every_cache_right(model):

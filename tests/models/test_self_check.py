@@ -68,16 +68,13 @@ def test_padded_on_request_skips_the_check(monkeypatch):
     assert type(batch_runner(tiny_llama())) is BatchRunner
 
 
-def test_the_tolerance_grows_with_the_models_own_rounding_only():
-    """bf16 on a GPU: the model's own cached decoding is over a logit from its full forward; the
-    ragged runner is held to twice that, and to the fixed tolerance where the model is exact."""
-    from cdsl_struct.models.self_check import _compare
 
-    reference = torch.zeros(2, 10)
-    reference[:, 3] = 30.0
-    got = reference.clone()
-    got[:, 5] += 1.28
-    assert "logits differ by 1.28" in _compare(got, reference, torch.bfloat16)
-    assert _compare(got, reference, torch.bfloat16, noise=0.7) is None
-    assert "logits differ" in _compare(got, reference, torch.bfloat16, noise=0.5)
-    assert "logits differ" in _compare(got, reference, torch.float32, noise=1e-5)
+def test_a_bfloat16_model_passes_and_a_broken_one_does_not(smollm2, monkeypatch):
+    """bfloat16's rounding (over a logit at SmolLM2's scale, on an H100 as on this CPU) is not a
+    failure; attention that is off everywhere still is."""
+    import copy
+
+    model = copy.deepcopy(smollm2.model).to(torch.bfloat16)
+    assert check_ragged(model) is None
+    monkeypatch.setattr(ragged, "row_attention", _broken_attention)
+    assert "logits differ" in check_ragged(model)
