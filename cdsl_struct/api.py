@@ -52,7 +52,7 @@ from .prompts import prompt_ids
 from .result import DecodeStats, Result, parse_value
 from .rewards import KeywordCoverage, Reward, WeightedMean
 from .rewards.base import as_reward
-from .streaming import AsyncTextStream, TextDeltas, TextStream, legacy_stream
+from .streaming import AsyncTextStream, PartialValues, TextDeltas, TextStream, legacy_stream, partial_reader
 from .tools import InvalidToolCall, ToolCallsGrammar, ToolRequest, parse_tool_output, tool_request
 
 FREE_TEXT = r"[\s\S]*"
@@ -97,6 +97,12 @@ class _Call:
     def penalties(self) -> Penalties | None:
         return Penalties(self.params.presence_penalty, self.params.frequency_penalty) \
             if self.params.penalised else None
+
+
+def _partial_reader(call: _Call) -> Callable[[str], Any] | None:
+    """How a stream of ``call`` reads partial values: its JSON schema's (not under tools, whose
+    text carries the call markup)."""
+    return partial_reader(call.compiled.spec) if call.tools is None else None
 
 
 def on_own_thread(build: Callable[[], Any]) -> Any:
@@ -339,11 +345,14 @@ class Generator:
         if _split_batch(prompt)[1]:
             raise ValueError("astream() takes one prompt; use agenerate_batch() for a list of prompts")
 
+        partials = PartialValues()  # its reader is known once the constraint resolved, on the thread
+
         def work(emit: Emit, event: threading.Event) -> Result:
             call, encoded, _ = self._prepare(prompt, **options)
+            partials.reader = _partial_reader(call)
             return self._run(call, encoded[0], emit, event)
 
-        return AsyncTextStream(work, cancel)
+        return AsyncTextStream(work, cancel, partials)
 
     def choose_method(self, method: str | Method, has_reward: bool) -> Method:
         """The decoder ``method`` means for this Generator (``"auto"`` resolved)."""
@@ -377,7 +386,8 @@ class Generator:
         return call, [self._encode(p, chat, call.system, chosen.max_tokens) for p in prompts], batch
 
     def _text_stream(self, call: _Call, prompt: list[int], cancel: threading.Event | None) -> TextStream:
-        return TextStream(lambda emit, event: self._run(call, prompt, emit, event), cancel)
+        return TextStream(lambda emit, event: self._run(call, prompt, emit, event), cancel,
+                          PartialValues(_partial_reader(call)))
 
     def _run_batch(self, call: _Call, encoded: list[list[int]], cancel: threading.Event | None) -> list[Result]:
         """Decode prompts (token ids) as rows of one batch; with a seed, row ``i`` samples with ``seed + i``."""
@@ -687,9 +697,12 @@ def astream(prompt: str | Sequence[Any], *, model: str | LoadedModel = "smollm2"
     if _split_batch(prompt)[1]:
         raise ValueError("astream() takes one prompt; use agenerate_batch() for a list of prompts")
 
+    partials = PartialValues()
+
     def work(emit: Emit, event: threading.Event) -> Result:
         generator = _module_generator(model, draft, backend, whitespace, compile_timeout, device, dtype)
         call, encoded, _ = generator._prepare(prompt, **kwargs)
+        partials.reader = _partial_reader(call)
         return generator._run(call, encoded[0], emit, event)
 
-    return AsyncTextStream(work, cancel)
+    return AsyncTextStream(work, cancel, partials)

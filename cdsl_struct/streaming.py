@@ -36,6 +36,55 @@ class TextDeltas:
         return self._decoder.decode(b"", final=True)
 
 
+class PartialValues:
+    """A stream's text so far and its typed partial value (``partial.py``), read on demand: a
+    JSON schema's output as a dict (or list, or string), a pydantic model's as a model built
+    without validation; ``None`` before the value begins, and for other constraints (``reader``
+    None). Each is consistent with the final value: it never takes anything back."""
+
+    def __init__(self, reader: Callable[[str], Any] | None = None) -> None:
+        self.reader = reader
+        self._parts: list[str] = []
+        self._read: tuple[int, Any] = (0, None)
+
+    def add(self, delta: str) -> None:
+        self._parts.append(delta)
+
+    @property
+    def value(self) -> Any:
+        if self.reader is None:
+            return None
+        if self._read[0] != len(self._parts):  # read again only when text came
+            self._read = (len(self._parts), self.reader("".join(self._parts)))
+        return self._read[1]
+
+
+def partial_reader(spec: Any) -> Callable[[str], Any] | None:
+    """How to read partial values of ``spec``'s output: JSON schemas (typed by their pydantic
+    model where there is one); None for other constraints."""
+    from .constraints import JsonSchema
+    from .partial import NOTHING, partial_json, partial_model
+
+    if not isinstance(spec, JsonSchema):
+        return None
+    model = spec.model
+
+    def read(text: str) -> Any:
+        value = partial_json(text)
+        if value is NOTHING:
+            return None
+        return partial_model(model, value) if model is not None and isinstance(value, dict) else value
+
+    return read
+
+
+def _final(outcome: tuple[str, Any] | None) -> Any:
+    """The final value of a finished stream's Result, where it has one."""
+    if outcome is None or outcome[0] != _RESULT:
+        return None
+    return getattr(outcome[1], "value", None)
+
+
 class LinkedCancel(threading.Event):
     """A request's cancel event: set by its stream (closed, or its task cancelled), and read as set
     too once ``parent`` (the caller's own ``cancel=`` event, if any) is set. The engine reads
@@ -94,9 +143,11 @@ class TextStream(Iterator[str]):
     ``result``. Read a stream from one thread.
     """
 
-    def __init__(self, work: Work, cancel: threading.Event | None = None) -> None:
+    def __init__(self, work: Work, cancel: threading.Event | None = None,
+                 partials: PartialValues | None = None) -> None:
         self._work: Work | None = work
         self._cancel = LinkedCancel(cancel)
+        self._partials = partials or PartialValues()
         self._items: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._pending: deque[str] = deque()
         self._outcome: tuple[str, Any] | None = None
@@ -111,6 +162,11 @@ class TextStream(Iterator[str]):
         return self
 
     def __next__(self) -> str:
+        delta = self._next_delta()
+        self._partials.add(delta)
+        return delta
+
+    def _next_delta(self) -> str:
         if self._pending:
             return self._pending.popleft()
         if self._outcome is not None or (self._closed and self._work is not None):
@@ -123,6 +179,26 @@ class TextStream(Iterator[str]):
         if kind == _ERROR:
             raise item
         raise StopIteration
+
+    @property
+    def partial(self) -> Any:
+        """The typed partial value of the text iterated so far (``PartialValues``), or None."""
+        return self._partials.value
+
+    def partials(self) -> Iterator[Any]:
+        """Iterate the stream for its partial values instead of its deltas: a value each time it
+        changed, each a prefix of the final one (strings grow; numbers appear whole; objects gain
+        members), and last the final value itself where the output has one. Only for JSON
+        schemas (a pydantic model's partials are models built without validation)."""
+        last = None
+        for _ in self:
+            value = self.partial
+            if value is not None and value != last:
+                last = value
+                yield value
+        final = _final(self._outcome) if self._partials.reader is not None else None
+        if final is not None and final != last:
+            yield final
 
     @property
     def done(self) -> bool:
@@ -182,9 +258,11 @@ class AsyncTextStream(AsyncIterator[str]):
     ``async with`` cancels it when the block is left early, as ``aclose()`` does.
     """
 
-    def __init__(self, work: Work, cancel: threading.Event | None = None) -> None:
+    def __init__(self, work: Work, cancel: threading.Event | None = None,
+                 partials: PartialValues | None = None) -> None:
         self._work: Work | None = work
         self._cancel = LinkedCancel(cancel)
+        self._partials = partials or PartialValues()
         self._items: asyncio.Queue[tuple[str, Any]] | None = None
         self._pending: deque[str] = deque()
         self._outcome: tuple[str, Any] | None = None
@@ -224,6 +302,11 @@ class AsyncTextStream(AsyncIterator[str]):
         return self
 
     async def __anext__(self) -> str:
+        delta = await self._next_delta()
+        self._partials.add(delta)
+        return delta
+
+    async def _next_delta(self) -> str:
         if self._pending:
             return self._pending.popleft()
         if self._outcome is not None or (self._closed and self._items is None):
@@ -235,6 +318,23 @@ class AsyncTextStream(AsyncIterator[str]):
         if kind == _ERROR:
             raise item
         raise StopAsyncIteration
+
+    @property
+    def partial(self) -> Any:
+        """The typed partial value of the text iterated so far (``TextStream.partial``)."""
+        return self._partials.value
+
+    async def partials(self) -> AsyncIterator[Any]:
+        """``TextStream.partials`` for an event loop."""
+        last = None
+        async for _ in self:
+            value = self.partial
+            if value is not None and value != last:
+                last = value
+                yield value
+        final = _final(self._outcome) if self._partials.reader is not None else None
+        if final is not None and final != last:
+            yield final
 
     @property
     def done(self) -> bool:
