@@ -99,6 +99,16 @@ class _Call:
             if self.params.penalised else None
 
 
+def _budget_mode(call: _Call) -> str:
+    """``close`` or ``cut`` for ``call`` (``GenerationParams.on_budget``; ``auto``: close JSON and
+    grammar answers; cut tool calls, whose closing would invent arguments an agent might run)."""
+    mode = call.params.on_budget
+    if mode == "auto":
+        closable = call.tools is None and isinstance(call.compiled.spec, (JsonSchema, Grammar))
+        return "close" if closable else "cut"
+    return mode
+
+
 def _partial_reader(call: _Call) -> Callable[[str], Any] | None:
     """How a stream of ``call`` reads partial values: its JSON schema's (not under tools, whose
     text carries the call markup)."""
@@ -464,7 +474,8 @@ class Generator:
         result = self._decode(call, prompt, emit, cancel)
         if call.tools is not None:
             result = _read_calls(call.tools, call.answer_format, result)
-        unfinished = {"complete": False, "value": None} if result.finish_reason != "stop" else {}
+        ended = result.finish_reason == "stop" or result.closed_by_budget
+        unfinished = {} if ended else {"complete": False, "value": None}
         return replace(result, method=call.method.value, prompt_tokens=len(prompt), **unfinished)
 
     def _decode(self, call: _Call, prompt: list[int], emit: Emit | None,
@@ -482,7 +493,7 @@ class Generator:
         row = Request(tuple(prompt), compiled, call.sampling, call.params.max_tokens, tuple(proposers), self.k,
                       on_tokens, stop=call.params.stop, penalties=call.penalties, logprobs=call.params.logprobs,
                       cancel_event=cancel, loop_guard=self.loop_guard,
-                      strategy=self._strategy(call))
+                      strategy=self._strategy(call), on_budget=_budget_mode(call))
         result = self.engine.submit(row).wait()
         if emit is not None:
             emit(holdback.push(deltas.flush()))

@@ -92,6 +92,9 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.stats:
         print(json.dumps({"method": result.method, "finish_reason": result.finish_reason,
                           "complete": result.complete, **result.stats.as_dict()}), file=sys.stderr)
+    if result.closed_by_budget:
+        print("cdsl-struct generate: the answer was closed early to fit --max-tokens (valid; strings may be short, "
+              "optional fields missing)", file=sys.stderr)
     if not result.complete:
         print(f"cdsl-struct generate: incomplete output (finish_reason {result.finish_reason}); "
               "raise --max-tokens", file=sys.stderr)

@@ -26,6 +26,10 @@ DEFAULT_MAX_TOKENS = 256
 """``max_tokens`` of a request that names none."""
 
 
+#: what ``GenerationParams.on_budget`` takes
+ON_BUDGET = ("auto", "close", "cut")
+
+
 @dataclass(frozen=True)
 class GenerationParams:
     """How one request decodes. Built once, checked once, never changed (``replace`` makes a new one).
@@ -36,7 +40,12 @@ class GenerationParams:
     ``temperature``: 0 is greedy, above it samples with ``top_p`` in (0, 1] and ``seed`` (any
     integer; None draws one). ``stop``: up to four non-empty strings (one string is one stop).
     ``presence_penalty`` / ``frequency_penalty``: in [-2, 2], as OpenAI's. ``logprobs``: record each
-    token's log-probability and that many alternatives (0 to 20; None records none).
+    token's log-probability and that many alternatives (0 to 20; None records none). ``on_budget``:
+    what happens when ``max_tokens`` would cut a constrained answer: ``"close"`` ends it validly a
+    little early where a valid ending fits (``Result.closed_by_budget``; ``decoding.budget``),
+    ``"cut"`` stops where the budget ends, ``"auto"`` closes JSON and grammar answers and cuts the
+    rest (free text, regexes, choices, and tool calls: closing one invents arguments an agent might
+    run; ``"close"`` asks for it). Target and speculative decoding close; CDLH/CDSL cut.
 
     Every bad value raises ``InvalidArgument`` naming the field.
     """
@@ -50,6 +59,7 @@ class GenerationParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: int | None = None
+    on_budget: str = "auto"
 
     def __post_init__(self) -> None:
         try:
@@ -65,6 +75,9 @@ class GenerationParams:
             _check_number(name, getattr(self, name), low=-2.0, high=2.0)
         if self.seed is not None and not _is_int(self.seed):
             raise InvalidArgument(f"seed must be an integer, got {self.seed!r}", param="seed")
+        if self.on_budget not in ON_BUDGET:
+            raise InvalidArgument(f"on_budget must be one of {', '.join(ON_BUDGET)}, got {self.on_budget!r}",
+                                  param="on_budget")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
             raise InvalidArgument(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}] or None, "
                                   f"got {self.logprobs!r}", param="logprobs")
@@ -134,13 +147,17 @@ def add_param_arguments(parser: Any) -> None:
                              f"at most {MAX_STOPS})")
     parser.add_argument("--presence-penalty", type=float, default=0.0, help="in [-2, 2], as OpenAI's (default 0)")
     parser.add_argument("--frequency-penalty", type=float, default=0.0, help="in [-2, 2], as OpenAI's (default 0)")
+    parser.add_argument("--on-budget", default=defaults.on_budget, choices=ON_BUDGET,
+                        help="an answer --max-tokens would cut: close ends it validly a little early, cut stops "
+                             "it; auto (default) closes JSON and grammar answers")
 
 
 def params_from_args(args: Any) -> GenerationParams:
     """The ``GenerationParams`` the options of ``add_param_arguments`` were parsed into."""
     return GenerationParams(method=args.method, max_tokens=args.max_tokens, temperature=args.temperature,
                             top_p=args.top_p, seed=args.seed, stop=tuple(args.stop or ()),
-                            presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty)
+                            presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+                            on_budget=getattr(args, "on_budget", "auto"))
 
 
 def _is_int(value: Any) -> bool:

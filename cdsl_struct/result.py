@@ -109,7 +109,9 @@ class Result:
     ``arguments=None`` and its partial ``arguments_text``). ``text`` is the whole output as
     written; ``content`` the message text outside calls (None when there is none).
     ``logprobs``: per token, when asked for (see ``cdsl_struct.decoding.logprobs``). ``method``
-    names the decoder that ran (set by ``Generator.generate``).
+    names the decoder that ran (set by ``Generator.generate``). ``closed_by_budget``: the output
+    was closed early to fit ``max_tokens`` (``on_budget="close"``): complete and valid, with
+    ``finish_reason`` ``length``, but a string may be short and optional members missing.
     """
 
     text: str
@@ -123,6 +125,7 @@ class Result:
     content: str | None = None
     logprobs: list[dict[str, Any]] | None = None
     prompt_tokens: int = 0
+    closed_by_budget: bool = False
 
     def __post_init__(self) -> None:
         if self.content is None and not self.tool_calls:

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from ..result import Result
     from .settings import BatchJob
 
-OUTPUT_FIELDS = ("output", "text", "finish_reason", "error")
+OUTPUT_FIELDS = ("output", "text", "finish_reason", "closed_by_budget", "error")
 
 
 def prompt_of(row: dict[str, Any], chat: bool = True) -> Any:
@@ -65,7 +65,8 @@ def decode_one(generator: Generator, job: BatchJob, row: dict[str, Any], prompt:
 
 
 def result_row(row: dict[str, Any], result: Result) -> dict[str, Any]:
-    """The input row plus ``output`` (the parsed value; null unless complete), ``text``, ``finish_reason``."""
+    """The input row plus ``output`` (the parsed value; null unless complete), ``text``, ``finish_reason``
+    (and ``closed_by_budget: true`` where the answer was closed early to fit ``max_tokens``)."""
     out = {k: v for k, v in row.items() if k not in OUTPUT_FIELDS}
     if result.tool_calls:
         output: Any = [{"name": call.name, "arguments": call.arguments} for call in result.tool_calls]
@@ -74,6 +75,8 @@ def result_row(row: dict[str, Any], result: Result) -> dict[str, Any]:
     else:
         output = jsonable(result.value) if result.complete else None
     out.update(output=output, text=result.text, finish_reason=result.finish_reason)
+    if result.closed_by_budget:  # closed early to fit max_tokens: valid, possibly short
+        out["closed_by_budget"] = True
     return out
 
 

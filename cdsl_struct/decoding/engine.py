@@ -43,6 +43,7 @@ from ..models.batch import BatchRunner, Feed, padded_reserve
 from ..models.ragged import RaggedRunner
 from ..models.runner import ModelRunner
 from ..result import DecodeStats, Result
+from .budget import BudgetCloser
 from .logprobs import MAX_TOP_LOGPROBS, token_logprobs
 from .loop import (
     MAX_FORCED,
@@ -95,6 +96,9 @@ class Request:
     penalties: Penalties | None = None
     loop_guard: bool = False
     logprobs: int | None = None
+    on_budget: str = "cut"
+    """``"close"``: end the output validly before ``max_tokens`` cuts it (``decoding.budget``);
+    ``"cut"``: stop at ``max_tokens`` wherever it is."""
     cancel_event: threading.Event | None = None
     strategy: Strategy | None = None
     request_id: str = field(default_factory=lambda: f"req-{next(_ids)}")
@@ -104,6 +108,8 @@ class Request:
             object.__setattr__(self, name, tuple(getattr(self, name)))
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.on_budget not in ("close", "cut"):
+            raise ValueError(f"on_budget must be 'close' or 'cut', got {self.on_budget!r}")
         if self.k < 0:
             raise ValueError(f"k must be >= 0, got {self.k}")
         if not self.prompt:
@@ -576,7 +582,8 @@ class BatchEngine:
         row.stops = StopStrings(request.stop) if request.stop else None
         row.session = Session(list(request.prompt), request.compiled, request.compiled.new_state(), request.params,
                               request.params.generator(self.runner.device), DecodeStats(),
-                              max_tokens=request.max_tokens)
+                              max_tokens=request.max_tokens,
+                              budget=BudgetCloser() if request.on_budget == "close" else None)
 
     def _mask_blocks(self, rows: list[tuple[Row, Proposal]]) -> list[torch.Tensor]:
         """Each row's rows of the engine's preallocated bitmask (one per position it feeds, in feed
@@ -635,7 +642,7 @@ class BatchEngine:
             penalties, session = row.request.penalties, row.session
             if penalties is not None and penalties.active:
                 penalties.apply(logits[start:end], session.output, proposal.tokens)
-            if row.request.loop_guard:
+            if row.request.loop_guard and not proposal.closing:  # a closing mask allows one token: never ban it
                 row_bans = loop_bans(session.output, proposal.tokens, end - start)
                 session.stats.loop_guarded += len(row_bans)
                 bans += [(start + i, token) for i, token in row_bans]
@@ -753,16 +760,16 @@ def _fill_masks(jobs: list[tuple[tuple[Row, Proposal], torch.Tensor]]) -> list[B
 def decode(target: ModelRunner, compiled: CompiledConstraint, prompt: Sequence[int], *,
            proposers: Sequence[Proposer] = (), k: int = 4, max_tokens: int = 256, params: SamplingParams | None = None,
            on_tokens: Callable[[list[int]], None] | None = None, strategy: Strategy | None = None,
-           cancel: threading.Event | None = None) -> Result:
+           cancel: threading.Event | None = None, on_budget: str = "cut") -> Result:
     """Decode one sequence: a batch of one on an engine of its own, in this thread.
 
     ``proposers`` speculate (``k`` tokens per step at most, forced tokens up to ``MAX_FORCED``
     more); ``strategy`` steps the row instead (CDLH, CDSL). ``on_tokens`` receives each step's
     committed tokens; ``cancel``, once set, ends it at the next step (``finish_reason="cancelled"``).
-    The passes are added to ``target``'s counters.
+    ``on_budget``: as ``Request``'s. The passes are added to ``target``'s counters.
     """
     request = Request(tuple(prompt), compiled, params or SamplingParams(), max_tokens, tuple(proposers), k,
-                      on_tokens, cancel_event=cancel, strategy=strategy)
+                      on_tokens, cancel_event=cancel, strategy=strategy, on_budget=on_budget)
     runner = BatchRunner(target.model, target.name, prefix_cache_bytes=0)
     engine = BatchEngine(runner, max_batch_size=1, kv_budget_bytes=float("inf"), mask_workers=0,
                          adaptive_width=False)

@@ -23,6 +23,7 @@ from ..constraints.mask import allocate_bitmask, apply_bitmask, host_kernels, ma
 from ..errors import InvalidToken
 from ..models.runner import ModelRunner
 from ..result import DecodeStats, Result, parse_value
+from .budget import BudgetCloser, closing_proposal
 from .sampling import SamplingParams, choose, distribution
 
 _log = logging.getLogger(__name__)
@@ -48,6 +49,8 @@ class Proposal:
     draft_probs: list[torch.Tensor | None] = field(default_factory=list)
     forced: int = 0
     steered: set[int] = field(default_factory=set)
+    closing: bool = False
+    """The row's budget closer wrote it (``decoding.budget``): its masks allow one token each."""
 
     @property
     def drafted(self) -> int:
@@ -77,6 +80,8 @@ class Session:
     max_tokens: int = 0
     logprobs: list[dict[str, Any]] | None = None
     """Per committed token, when the request asked for log-probabilities (``decoding.logprobs``)."""
+    budget: BudgetCloser | None = None
+    """Closes the output before ``max_tokens`` cuts it (``on_budget="close"``), or None."""
 
     @property
     def sequence(self) -> list[int]:
@@ -139,6 +144,13 @@ def propose(session: Session, proposers: Sequence[Proposer], k: int, max_tokens:
     """What ``proposers`` speculate for this step (advanced into the state), within the budget."""
     room = max_tokens - len(session.output) - 1  # one slot stays free for the target's own token
     proposal = Proposal()
+    if session.budget is not None and session.budget.watching(session):
+        completion = session.budget.plan(session)
+        if completion is not None:
+            closing_proposal(session, completion, proposal)
+            session.stats.proposed += len(proposal.tokens)
+            return proposal
+        proposers = ()  # one token a step near the end: a step must not outrun the closer's check
     for proposer in proposers:
         budget = min(room - len(proposal.tokens), MAX_FORCED if proposer.name == "forced" else k - proposal.drafted)
         if budget <= 0 or session.state.finished:
@@ -305,11 +317,13 @@ def finish(session: Session, dead_end: bool, stopped: bool = False, cancelled: b
     """
     state, stats = session.state, session.stats
     text = session.text_of(session.output)
-    complete = not cancelled and (state.finished or (stopped and state.is_complete()))
-    reason = "cancelled" if cancelled else "stop" if complete else "constraint_dead_end" if dead_end else "length"
+    closed = session.budget is not None and session.budget.engaged and not cancelled and state.is_complete()
+    complete = not cancelled and (state.finished or (stopped and state.is_complete()) or closed)
+    reason = "cancelled" if cancelled else "length" if closed else "stop" if complete else \
+        "constraint_dead_end" if dead_end else "length"
     stats.tokens = len(session.output)
     stats.mask_seconds = state.mask_seconds
     value: Any = parse_value(session.compiled.spec, text) if complete else None
     logprobs = session.logprobs[:len(session.output)] if session.logprobs is not None else None
     return Result(text=text, tokens=list(session.output), finish_reason=reason, complete=complete,
-                  value=value, stats=stats, logprobs=logprobs)
+                  value=value, stats=stats, logprobs=logprobs, closed_by_budget=closed)

@@ -207,6 +207,9 @@ class _GenerationRequest(_Model):
     choices: list[str] | None = Field(default=None, min_length=1)
     keywords: list[str] | None = None
     method: str | None = None
+    on_budget: str | None = None
+    """``close`` / ``cut`` / ``auto`` (``GenerationParams.on_budget``); a closed answer's choice
+    says ``closed_by_budget: true``."""
 
     def _check(self, limits: ServerLimits) -> None:
         if self.logit_bias:
@@ -281,7 +284,7 @@ class _GenerationRequest(_Model):
             raise APIError(400, f"max_tokens={max_tokens} is over this server's limit of {limits.max_tokens}.",
                            param="max_tokens", code="invalid_value")
         given = {name: getattr(self, name) for name in ("temperature", "top_p", "seed", "method", "stop",
-                                                         "presence_penalty", "frequency_penalty")
+                                                         "presence_penalty", "frequency_penalty", "on_budget")
                  if getattr(self, name) is not None}
         try:
             return GenerationParams(max_tokens=min(max_tokens or default_max_tokens, limits.max_tokens),

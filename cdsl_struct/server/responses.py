@@ -61,12 +61,17 @@ def text_logprobs(result: Any) -> dict[str, Any] | None:
             "text_offset": offsets}
 
 
+def _closed(result: Any) -> dict[str, Any]:
+    """Our extension on a choice whose answer was closed early to fit ``max_tokens``."""
+    return {"closed_by_budget": True} if getattr(result, "closed_by_budget", False) else {}
+
+
 def chat_completion(results: Sequence[Any], model: str, named_tool: bool = False) -> dict[str, Any]:
     """A ``chat.completion`` object, one choice per Result (``n``)."""
     return {
         "id": new_id("chatcmpl"), "object": "chat.completion", "created": int(time.time()), "model": model,
         "choices": [{"index": i, "message": chat_message(r), "logprobs": chat_logprobs(r),
-                     "finish_reason": finish_reason(r, named_tool)} for i, r in enumerate(results)],
+                     "finish_reason": finish_reason(r, named_tool), **_closed(r)} for i, r in enumerate(results)],
         "usage": usage(results[0].prompt_tokens, sum(len(r.tokens) for r in results)),
     }
 
@@ -75,8 +80,8 @@ def text_completion(results: Sequence[Any], model: str, n: int = 1) -> dict[str,
     """A ``text_completion`` object with ``n`` choices per prompt, prompt-major."""
     return {
         "id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": i, "text": r.text, "logprobs": text_logprobs(r), "finish_reason": finish_reason(r)}
-                    for i, r in enumerate(results)],
+        "choices": [{"index": i, "text": r.text, "logprobs": text_logprobs(r), "finish_reason": finish_reason(r),
+                     **_closed(r)} for i, r in enumerate(results)],
         "usage": usage(sum(r.prompt_tokens for r in results[::n]), sum(len(r.tokens) for r in results)),
     }
 

@@ -181,6 +181,10 @@ def parse_tool_output(request: ToolRequest, text: str, *, complete: bool,
     if not stream.calls and complete and request.mode == "call":
         raise InvalidToolCall("a call was required but the output has none")
     content = content.strip() if stream.calls else content
+    if stream.calls and not content and not calls:
+        # a call was cut before its name was whole: no call, no content, and never the call's
+        # markup ("" keeps ``Result`` from showing the raw text as its content)
+        return ToolOutput("", calls)
     return ToolOutput(content or None, calls)
 
 

@@ -85,3 +85,21 @@ def test_a_job_travels_as_plain_data_and_comes_back_equal():
     data = job.to_dict()
     assert json.loads(json.dumps(data)) == data  # what a Ray actor receives is plain data
     assert BatchJob.from_dict(data) == job
+
+
+def test_rows_over_their_budget_come_back_closed_and_marked(tmp_path, one_torch_thread):
+    """Issue 40 in bulk jobs: a JSON answer ``max_tokens`` would cut is closed valid and marked."""
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "bio": {"type": "string"}},
+              "required": ["name", "bio"]}
+    job = BatchJob(schema=schema, params=GenerationParams(max_tokens=16), draft=None, max_batch_size=2)
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_input(src, [{"id": 1, "prompt": "Describe Ada Lovelace with a very long bio as JSON."},
+                      {"id": 2, "prompt": "Describe Alan Turing with a very long bio as JSON."}])
+    run_job(job, src, out, progress=False)
+    rows = read_output(out)
+    assert [r["closed_by_budget"] for r in rows] == [True, True]
+    for row in rows:
+        assert row["finish_reason"] == "length"
+        jsonschema.validate(row["output"], schema)

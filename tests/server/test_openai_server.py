@@ -290,3 +290,21 @@ def test_deeply_nested_regex_or_grammar_is_a_400_not_a_500(client, extra):
     error = caught.value.body
     assert error["code"] == "unsupported_feature" and "nests 400 levels" in error["message"]
     assert ask(client, "Say hi.", max_tokens=2).choices[0].finish_reason in ("stop", "length")  # still serving
+
+
+def test_a_json_answer_over_its_budget_is_closed_valid_and_says_so(client):
+    """Issue 40: ``max_tokens`` short of the answer: by default a valid, closed answer with our
+    ``closed_by_budget`` field; ``on_budget: "cut"`` cuts it as before; a bad value is a 400."""
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "bio": {"type": "string"},
+                                               "age": {"type": "integer"}}, "required": ["name", "bio", "age"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}
+    prompt = "Tom Baker, 52, teaches history. Give him as JSON with a long bio."
+    closed = ask(client, prompt, response_format=fmt, max_tokens=24)
+    choice = closed.choices[0]
+    assert choice.finish_reason == "length" and choice.model_extra.get("closed_by_budget") is True
+    jsonschema.validate(json.loads(choice.message.content), schema)
+    assert closed.usage.completion_tokens <= 24
+    cut = ask(client, prompt, response_format=fmt, max_tokens=24, extra_body={"on_budget": "cut"}).choices[0]
+    assert cut.finish_reason == "length" and "closed_by_budget" not in (cut.model_extra or {})
+    with pytest.raises(openai.BadRequestError, match="on_budget"):
+        ask(client, prompt, response_format=fmt, max_tokens=24, extra_body={"on_budget": "later"})

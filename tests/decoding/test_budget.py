@@ -1,0 +1,115 @@
+"""Closing an answer before ``max_tokens`` cuts it (issue 40): the shortest completion search on
+real constraint states, and real-model answers that come back valid, never over budget, marked
+``closed_by_budget``, for nested objects, arrays with ``minItems``, strings, a grammar and a tool
+call; where no valid ending fits, the answer is cut as before."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+import cdsl_struct as cs
+from cdsl_struct.api import Generator
+from cdsl_struct.decoding.budget import closing_ranks, shortest_completion
+
+PERSON = {"type": "object", "properties": {
+    "name": {"type": "string"}, "bio": {"type": "string"}, "age": {"type": "integer"},
+    "tags": {"type": "array", "items": {"type": "string"}, "minItems": 2},
+    "home": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    "note": {"type": "string"}}, "required": ["name", "bio", "age", "tags", "home"]}
+PROMPT = "Describe Ada Lovelace as JSON, with a long bio."
+
+
+@pytest.fixture(scope="module")
+def gen(smollm2, one_torch_thread):
+    generator = Generator(smollm2, draft="auto")
+    yield generator
+    generator.close()
+
+
+@pytest.mark.parametrize("prefix", ['{', '{"name": "Ada", "bio": "born in 18', '{"name": "A", "bio": "b", "age": 3',
+                                    '{"name": "A", "bio": "b", "age": 36, "tags": ["x'])
+def test_the_search_finds_a_completion_that_makes_the_output_valid(smollm2, prefix):
+    tokenizer = smollm2.tokenizer
+    compiled = cs.compile(cs.JsonSchema(PERSON), tokenizer, eos_token_ids=smollm2.eos_token_ids)
+    state = compiled.new_state()
+    state.advance(tokenizer.encode(prefix, add_special_tokens=False))
+    before = state.num_tokens
+    completion = shortest_completion(state, 64, closing_ranks(compiled.vocabulary, compiled.vocab_size))
+    assert completion is not None and state.num_tokens == before and not state.is_complete()  # rolled back
+    text = prefix + compiled.vocabulary.decode(completion).decode()
+    jsonschema.validate(json.loads(text), PERSON)
+    state.advance(completion)
+    assert state.is_complete()
+
+
+def test_the_search_says_none_where_nothing_fits(smollm2):
+    compiled = cs.compile(cs.JsonSchema(PERSON), smollm2.tokenizer, eos_token_ids=smollm2.eos_token_ids)
+    state = compiled.new_state()
+    assert shortest_completion(state, 5, closing_ranks(compiled.vocabulary, compiled.vocab_size)) is None
+
+
+@pytest.mark.parametrize("budget", [45, 60, 90])
+def test_an_answer_over_its_budget_comes_back_closed_and_valid(gen, budget):
+    natural = gen.generate(PROMPT, schema=PERSON, max_tokens=400, on_budget="cut")
+    assert len(natural.tokens) > budget  # the budget really cuts this answer
+    cut = gen.generate(PROMPT, schema=PERSON, max_tokens=budget, on_budget="cut")
+    assert cut.finish_reason == "length" and cut.value is None and not cut.closed_by_budget
+    closed = gen.generate(PROMPT, schema=PERSON, max_tokens=budget)  # "auto" closes JSON
+    assert closed.finish_reason == "length" and closed.closed_by_budget and closed.complete
+    assert len(closed.tokens) <= budget
+    jsonschema.validate(closed.value, PERSON)
+    assert len(closed.value["tags"]) >= 2 and "city" in closed.value["home"]
+
+
+def test_a_budget_no_ending_fits_is_cut_as_before(gen):
+    result = gen.generate(PROMPT, schema=PERSON, max_tokens=12)
+    assert result.finish_reason == "length" and not result.complete and not result.closed_by_budget
+
+
+def test_a_pydantic_answer_closes_into_its_model(gen):
+    from pydantic import BaseModel
+
+    class City(BaseModel):
+        name: str
+        landmarks: list[str]
+
+    result = gen.generate("Describe Paris and ten of its landmarks.", schema=City, max_tokens=30)
+    assert result.closed_by_budget and isinstance(result.value, City) and len(result.tokens) <= 30
+
+
+def test_a_grammar_answer_closes(gen):
+    result = gen.generate("Compute 12 plus 7 times 3, written as a long expression.", grammar="arithmetic",
+                          max_tokens=6)
+    assert len(result.tokens) <= 6
+    if result.closed_by_budget:
+        assert result.complete and result.value is not None
+
+
+def test_a_tool_call_cut_before_its_arguments_leaks_no_markup(gen):
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        return ""
+
+    result = gen.generate("What's the weather in Paris?", tools=[get_weather], tool_choice="required", max_tokens=8)
+    assert result.finish_reason == "length" and not result.complete
+    assert not result.content and "<tool_call>" not in (result.content or "")
+
+
+def test_a_tool_call_cut_short_closes_into_a_call(gen):
+    def get_weather(city: str, unit: str) -> str:
+        """The weather in a city.
+
+        Args:
+            city: the city's name, in full.
+            unit: celsius or fahrenheit.
+        """
+        return ""
+
+    result = gen.generate("What's the weather in the city of Paris, in celsius?", tools=[get_weather],
+                          tool_choice="required", max_tokens=28, on_budget="close")
+    assert len(result.tokens) <= 28
+    assert result.closed_by_budget and result.tool_calls and result.tool_calls[0].name == "get_weather"
+    assert set(result.tool_calls[0].arguments) == {"city", "unit"}
