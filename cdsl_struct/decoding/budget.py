@@ -62,10 +62,11 @@ def closing_ranks(vocabulary: TokenVocabulary, size: int) -> np.ndarray:
 
 
 def shortest_completion(state: ConstraintState, limit: int, ranks: np.ndarray, branch: int = 4,
-                        nodes: int = 256) -> list[int] | None:
+                        nodes: int = 256, improve: bool = False) -> list[int] | None:
     """Tokens (at most ``limit``, EOS not counted) that bring ``state`` to a complete output,
     searched depth first in ``ranks`` order (``branch`` tokens a position, ``nodes`` tries in all);
-    None where none was found. ``state`` ends where it started."""
+    None where none was found. ``improve``: after the first ending, spend what is left of ``nodes``
+    on shorter ones (branch and bound). ``state`` ends where it started."""
     mask = allocate_bitmask(len(ranks))
     eos = np.array(state.vocabulary.eos_token_ids)
     spent = 0
@@ -84,28 +85,37 @@ def shortest_completion(state: ConstraintState, limit: int, ranks: np.ndarray, b
             finally:
                 state.rollback(len(forced))
             return None if rest is None else forced + rest
-        mask.zero_()
-        state.fill_mask(mask)
-        allowed = np.flatnonzero(np.unpackbits(mask.numpy().view(np.uint8), bitorder="little")[:len(ranks)])
-        allowed = allowed[~np.isin(allowed, eos)]
-        if not allowed.size:
-            return None
-        order = ranks[allowed]
-        if allowed.size > branch:
-            best = np.argpartition(order, branch)[:branch]
-            allowed, order = allowed[best], order[best]
-        for token in allowed[np.argsort(order, kind="stable")].tolist():
+        best: list[int] | None = None
+        for token in _candidates(state, mask, ranks, eos, branch):
+            bound = room if best is None else min(room, len(best) - 1)  # only a shorter ending is better
+            if bound <= 0 or spent >= nodes:
+                break
             spent += 1
             state.advance(token)
             try:
-                rest = search(room - 1)
+                rest = search(bound - 1)
             finally:
                 state.rollback(1)
-            if rest is not None:
-                return [token, *rest]
-        return None
+            if rest is not None and (best is None or len(rest) + 1 < len(best)):
+                best = [token, *rest]
+                if not improve:
+                    break
+        return best
 
     return search(limit)
+
+
+def _candidates(state: ConstraintState, mask: Any, ranks: np.ndarray, eos: np.ndarray, branch: int) -> list[int]:
+    """The ``branch`` allowed tokens (EOS aside) that rank first as closing steps, in order."""
+    mask.zero_()
+    state.fill_mask(mask)
+    allowed = np.flatnonzero(np.unpackbits(mask.numpy().view(np.uint8), bitorder="little")[:len(ranks)])
+    allowed = allowed[~np.isin(allowed, eos)]
+    order = ranks[allowed]
+    if allowed.size > branch:
+        best = np.argpartition(order, branch)[:branch]
+        allowed, order = allowed[best], order[best]
+    return allowed[np.argsort(order, kind="stable")].tolist()
 
 
 @dataclass
@@ -128,7 +138,7 @@ class BudgetCloser:
         if not self.sized:
             self.sized = True
             ranks = closing_ranks(session.compiled.vocabulary, session.compiled.vocab_size)
-            whole = shortest_completion(session.state, session.max_tokens, ranks)
+            whole = shortest_completion(session.state, session.max_tokens, ranks, improve=True)
             if whole is not None:
                 self.window = max(self.window, 3 * len(whole) // 2 + 2 * self.margin)
         return not self.engaged and session.max_tokens - len(session.output) <= self.window
@@ -141,6 +151,11 @@ class BudgetCloser:
         ranks = closing_ranks(session.compiled.vocabulary, session.compiled.vocab_size)
         completion = shortest_completion(session.state, room, ranks)
         if completion is None or len(completion) + self.margin < room:
+            return None
+        # about to close: look for a shorter ending first (the first one found is often not), so
+        # the model keeps writing while one fits
+        completion = shortest_completion(session.state, room, ranks, improve=True) or completion
+        if len(completion) + self.margin < room:
             return None
         self.engaged = True
         return completion
