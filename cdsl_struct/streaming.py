@@ -78,11 +78,27 @@ def partial_reader(spec: Any) -> Callable[[str], Any] | None:
     return read
 
 
-def _final(outcome: tuple[str, Any] | None) -> Any:
-    """The final value of a finished stream's Result, where it has one."""
-    if outcome is None or outcome[0] != _RESULT:
-        return None
-    return getattr(outcome[1], "value", None)
+class _Changes:
+    """A stream's partial values as they change, then its final value where that differs."""
+
+    def __init__(self, partials: PartialValues) -> None:
+        self.partials = partials
+        self.last: Any = None
+
+    def new(self) -> list[Any]:
+        """The partial value, if it changed since the last one given."""
+        value = self.partials.value
+        if value is None or value == self.last:
+            return []
+        self.last = value
+        return [value]
+
+    def final(self, outcome: tuple[str, Any] | None) -> list[Any]:
+        """The finished Result's value (partial values are read only for JSON schemas)."""
+        if outcome is None or outcome[0] != _RESULT or self.partials.reader is None:
+            return []
+        value = getattr(outcome[1], "value", None)
+        return [] if value is None or value == self.last else [value]
 
 
 class LinkedCancel(threading.Event):
@@ -190,15 +206,10 @@ class TextStream(Iterator[str]):
         changed, each a prefix of the final one (strings grow; numbers appear whole; objects gain
         members), and last the final value itself where the output has one. Only for JSON
         schemas (a pydantic model's partials are models built without validation)."""
-        last = None
+        changes = _Changes(self._partials)
         for _ in self:
-            value = self.partial
-            if value is not None and value != last:
-                last = value
-                yield value
-        final = _final(self._outcome) if self._partials.reader is not None else None
-        if final is not None and final != last:
-            yield final
+            yield from changes.new()
+        yield from changes.final(self._outcome)
 
     @property
     def done(self) -> bool:
@@ -326,15 +337,12 @@ class AsyncTextStream(AsyncIterator[str]):
 
     async def partials(self) -> AsyncIterator[Any]:
         """``TextStream.partials`` for an event loop."""
-        last = None
+        changes = _Changes(self._partials)
         async for _ in self:
-            value = self.partial
-            if value is not None and value != last:
-                last = value
+            for value in changes.new():
                 yield value
-        final = _final(self._outcome) if self._partials.reader is not None else None
-        if final is not None and final != last:
-            yield final
+        for value in changes.final(self._outcome):
+            yield value
 
     @property
     def done(self) -> bool:
