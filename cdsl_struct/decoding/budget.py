@@ -26,6 +26,11 @@ if TYPE_CHECKING:
     from ..constraints import ConstraintState, TokenVocabulary
     from .loop import Proposal, Session
 
+#: a row is first looked at when this many tokens are left (its searches cost engine time)
+MAX_WINDOW = 128
+#: a row is searched again, one token a step, once the room left is within this of its last
+#: ending (more than a speculative step's tokens: a step must not jump past the point to close)
+SLACK = 8
 _BRACKETS = set("}]")
 _SMALL_VALUES = {"0", "1", '""', "[]", "{}", "false", "true", "null", "[", "{"}
 _JOINERS = set(",: ")
@@ -120,45 +125,61 @@ def _candidates(state: ConstraintState, mask: Any, ranks: np.ndarray, eos: np.nd
 
 @dataclass
 class BudgetCloser:
-    """A row's budget watch (``Request.on_budget="close"``). ``window``: how many tokens before
-    ``max_tokens`` it starts looking; ``margin``: how much room beyond the completion it leaves
-    the model before closing (a token of the model's can lengthen the completion)."""
+    """A row's budget watch (``Request.on_budget="close"``). It looks first when the room left is
+    within ``MAX_WINDOW`` (the shortest ending from there is its ``estimate``), then searches
+    again only while the room left is within ``SLACK`` of the last ending found: there the row
+    decodes one token a step (a longer step could jump past the point to close), elsewhere as
+    usual. ``margin``: the room beyond the ending the model keeps before the closer writes it.
+    The searches run on the engine's thread: a few per row, near its end."""
 
-    window: int = 32
     margin: int = 1
     engaged: bool = False
     """Whether it closed the answer (``Result.closed_by_budget``)."""
-    sized: bool = False
+    estimate: int | None = None
+    """The length of the last ending found (None: none yet)."""
+    next_look: int = MAX_WINDOW
+    """While no ending is known: the room left at which to look again."""
 
     def watching(self, session: Session) -> bool:
-        """Whether the row is near enough the end of its budget to decode one token a step. The
-        first call sizes the window to the constraint: half again the shortest whole answer (a
-        half-written one can need more to close), so a schema whose smallest answer is long is
-        watched early enough."""
-        if not self.sized:
-            self.sized = True
-            ranks = closing_ranks(session.compiled.vocabulary, session.compiled.vocab_size)
-            whole = shortest_completion(session.state, session.max_tokens, ranks, improve=True)
-            if whole is not None:
-                self.window = max(self.window, 3 * len(whole) // 2 + 2 * self.margin)
-        return not self.engaged and session.max_tokens - len(session.output) <= self.window
+        """Whether the row is near enough the end of its budget to decode one token a step."""
+        room = session.max_tokens - len(session.output)
+        if self.engaged:
+            return False
+        if self.estimate is None:
+            if room > self.next_look:
+                return False
+            found = shortest_completion(session.state, room, _ranks(session))
+            if found is None:  # nothing fits from here yet: a written part may make it shorter
+                self.next_look = room - SLACK
+                return False
+            self.estimate = len(found)
+        return room <= self.estimate + self.margin + SLACK
 
     def plan(self, session: Session) -> list[int] | None:
-        """The completion to write now, or None while the model may go on (or nothing fits)."""
+        """The ending to write now, or None while the model may go on (or nothing fits)."""
         room = session.max_tokens - len(session.output)
-        if room > self.window or session.state.finished:
+        if session.state.finished:
             return None
-        ranks = closing_ranks(session.compiled.vocabulary, session.compiled.vocab_size)
+        ranks = _ranks(session)
         completion = shortest_completion(session.state, room, ranks)
-        if completion is None or len(completion) + self.margin < room:
+        self.estimate = None if completion is None else len(completion)
+        if completion is None:
+            self.next_look = room - SLACK
+            return None
+        if len(completion) + self.margin < room:
             return None
         # about to close: look for a shorter ending first (the first one found is often not), so
         # the model keeps writing while one fits
         completion = shortest_completion(session.state, room, ranks, improve=True) or completion
+        self.estimate = len(completion)
         if len(completion) + self.margin < room:
             return None
         self.engaged = True
         return completion
+
+
+def _ranks(session: Session) -> np.ndarray:
+    return closing_ranks(session.compiled.vocabulary, session.compiled.vocab_size)
 
 
 def closing_proposal(session: Session, completion: list[int], proposal: Proposal) -> None:
