@@ -14,7 +14,7 @@ ROOT = Path(cdsl_struct.__file__).parent
 
 #: exceptions that never reach a library user: control flow inside one module, and the server's
 #: HTTP answer (``APIError``: what a route raises to send a 4xx/5xx body)
-INTERNAL = {"EngineRejected", "WorkerCrashed", "_Expired", "Cancelled", "APIError"}
+INTERNAL = {"EngineRejected", "WorkerCrashed", "_Expired", "Cancelled", "APIError", "_Incomplete"}
 
 
 def _exception_classes(tree: ast.Module) -> list[str]:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..constraints.mask import allocate_bitmask, set_bit
+from ..errors import InvalidToken
 
 if TYPE_CHECKING:
     from ..constraints import ConstraintState, TokenVocabulary
@@ -67,7 +68,7 @@ def closing_ranks(vocabulary: TokenVocabulary, size: int) -> np.ndarray:
 
 
 def shortest_completion(state: ConstraintState, limit: int, ranks: np.ndarray, branch: int = 4,
-                        nodes: int = 256, improve: bool = False) -> list[int] | None:
+                        nodes: int = 96, improve: bool = False) -> list[int] | None:
     """Tokens (at most ``limit``, EOS not counted) that bring ``state`` to a complete output,
     searched depth first in ``ranks`` order (``branch`` tokens a position, ``nodes`` tries in all);
     None where none was found. ``improve``: after the first ending, spend what is left of ``nodes``
@@ -96,7 +97,10 @@ def shortest_completion(state: ConstraintState, limit: int, ranks: np.ndarray, b
             if bound <= 0 or spent >= nodes:
                 break
             spent += 1
-            state.advance(token)
+            try:
+                state.advance(token)
+            except InvalidToken:  # a mask may allow a token its matcher refuses (an unspellable byte)
+                continue
             try:
                 rest = search(bound - 1)
             finally:
@@ -170,7 +174,7 @@ class BudgetCloser:
             return None
         # about to close: look for a shorter ending first (the first one found is often not), so
         # the model keeps writing while one fits
-        completion = shortest_completion(session.state, room, ranks, improve=True) or completion
+        completion = shortest_completion(session.state, room, ranks, nodes=256, improve=True) or completion
         self.estimate = len(completion)
         if len(completion) + self.margin < room:
             return None
