@@ -55,6 +55,11 @@ class UnknownGrammar(CompileError, ValueError):
         self.suggestion = suggestion
 
 
+class InvalidStructuralTag(CompileError, ValueError):
+    """A structural tag that cannot be built as given: no tags or triggers, a tag's begin that starts
+    with no trigger, triggers inside each other, a content of the wrong kind (the message says which)."""
+
+
 class CompileTimeout(CompileError):
     """Compiling took longer than the allowed timeout."""
 

@@ -4,6 +4,7 @@ from .compiler import CompiledConstraint, clear_cache, compile
 from .mask import allocate_bitmask, allowed_tokens, apply_bitmask, is_allowed
 from .specs import Choice, ConstraintSpec, Grammar, JsonSchema, Regex
 from .state import ConstraintState
+from .structural_tag import StructuralTag, Tag, TagSegment
 from .vocabulary import TokenVocabulary
 from .whitespace import WhitespacePolicy
 
@@ -15,6 +16,9 @@ __all__ = [
     "Grammar",
     "JsonSchema",
     "Regex",
+    "StructuralTag",
+    "Tag",
+    "TagSegment",
     "TokenVocabulary",
     "WhitespacePolicy",
     "allocate_bitmask",

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..constraints.specs import Grammar
-from ..errors import InvalidArgument
+from ..errors import CdslError, InvalidArgument
 from ..options import ConflictingConstraints, one_constraint
 from ..params import MAX_TOP_LOGPROBS, GenerationParams
 from .errors import APIError
@@ -109,7 +109,23 @@ class JsonSchemaResponseFormat(_Model):
     json_schema: JsonSchemaFormat
 
 
-ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaResponseFormat,
+class StructuralTagResponseFormat(_Model):
+    """``{"type": "structural_tag", ...}``: free text in which triggers start constrained tags, in vLLM's
+    shape (``structures``, ``triggers``) or XGrammar's (``format``); see ``constraints.structural_tag``."""
+
+    type: Literal["structural_tag"]
+    structures: list[Any] | None = None
+    triggers: list[Any] | None = None
+    format: dict[str, Any] | None = None
+
+    def spec(self) -> Any:
+        """The ``StructuralTag`` it asks for (``InvalidStructuralTag`` / ``InvalidSchema`` when malformed)."""
+        from ..constraints.structural_tag import from_response_format
+
+        return from_response_format(self.model_dump(exclude_none=True))
+
+
+ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaResponseFormat | StructuralTagResponseFormat,
                            Field(discriminator="type")]
 
 
@@ -236,6 +252,13 @@ class _GenerationRequest(_Model):
                 raise APIError(400, "response_format.json_schema.schema is required.",
                                param="response_format.json_schema.schema", code="invalid_schema")
             given["response_format"] = ("schema", schema)
+        elif isinstance(fmt, StructuralTagResponseFormat):
+            try:
+                given["response_format"] = ("grammar", fmt.spec())
+            except CdslError as exc:
+                from .errors import from_exception
+
+                raise from_exception(exc, param="response_format") from exc
         if self.regex is not None:
             given["regex"] = ("regex", self.regex)
         if self.grammar is not None:  # text only: a client never names a file on the server
@@ -258,7 +281,7 @@ class _GenerationRequest(_Model):
         for param, value in (("grammar", self.grammar), ("regex", self.regex), ("choices", self.choices),
                              ("response_format", self.response_format)):
             if value is not None and not (param == "response_format" and not isinstance(
-                    value, (JsonObjectFormat, JsonSchemaResponseFormat))):
+                    value, (JsonObjectFormat, JsonSchemaResponseFormat, StructuralTagResponseFormat))):
                 return param
         return None
 

@@ -73,6 +73,9 @@ def _grammar_for(spec: ConstraintSpec, whitespace: WhitespacePolicy) -> str:
     if isinstance(spec, (Regex, Choice)):
         return llguidance.LLMatcher.grammar_from_regex(spec.engine_pattern)
     if isinstance(spec, Grammar):
+        engine_grammar = getattr(spec, "engine_grammar", None)  # a grammar that embeds others (structural tags)
+        if callable(engine_grammar):
+            return engine_grammar(whitespace)
         return llguidance.LLMatcher.grammar_from_lark(spec.text)
     raise CompileError(f"llguidance cannot compile {type(spec).__name__}")
 
