@@ -62,7 +62,7 @@ AUTO_DRAFT = "lookup"
 and on the embedded model they beat model drafts in wall time (BENCHMARKS.md)."""
 CDSL_SELF_DRAFT = "int8"
 """The draft model CDSL uses on a CPU when ``draft`` names no model: the target's linear layers in int8
-(a single-token step costs about half of fp32 on a CPU; see the CommonGen sweep in BENCHMARKS.md)."""
+(a single-token step costs about half of fp32 on a CPU; docs/benchmarks/2026-11-23-commongen.md, the sweep)."""
 CDSL_SELF_DRAFT_OFF_CPU = "bf16"
 """The same elsewhere: torch's int8 dynamic quantisation runs on the CPU only."""
 

@@ -2,7 +2,7 @@
 
 Loading a model and compiling its forward leaves about a million objects tracked by Python's
 collector (FX graphs, dynamo's guards, inductor's kernels). Every full collection walks all of them
-with the GIL held: 0.5-1.2 s measured on the 2-core machine of BENCHMARKS.md, one of them during a
+with the GIL held: 0.47-1.03 s measured on a 2-core machine (BENCHMARKS.md), one of them during a
 200-request run, and every request in flight stalls for it. Frozen into the collector's permanent
 generation they are never walked again (reference counting still frees them), so a full collection
 walks only what the process made since.

@@ -143,7 +143,8 @@ def compile(  # noqa: A001 - the natural name, as in re.compile / xgrammar
     compiles the schema exactly as given.
 
     Raises ``CompileError`` subclasses: ``InvalidSchema``, ``UnsatisfiableSchema``,
-    ``UnsupportedFeature``, ``GrammarSyntaxError``, ``CompileTimeout``. When every engine
+    ``UnsupportedFeature``, ``GrammarSyntaxError``, ``CompileTimeout`` (the one budget spent); an
+    unknown ``backend`` name is a ``ValueError``. When every engine
     fails, the first engine's error is raised with ``.attempts`` listing all of them. Any other
     exception is a bug, raised as itself without trying another engine.
     """

@@ -323,7 +323,7 @@ class CDSL:
       the agreed tokens before the premature ending are kept and the fallback chooses there.
 
     The defaults (d 6, a_t 0.5, r_t 0.99, steered commits, a ``GuidedDraft`` with lam 20 and
-    stop_below 0.5 around a bare draft runner) come from the CommonGen sweep in BENCHMARKS.md,
+    stop_below 0.5 around a bare draft runner) come from the CommonGen sweep (docs/benchmarks/2026-11-23-commongen.md),
     whose keyword reward is judged on endings; a reward judged on every prefix (``"text"``)
     usually wants a lower ``reward_threshold`` (0.99 sends most steps to the fallback).
     """

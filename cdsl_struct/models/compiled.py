@@ -10,8 +10,8 @@ graph cannot hold, the write into the runner's ``SlotCache`` and the ragged atte
 Python data that changes every step), run as one opaque custom op, ``cdsl_struct::ragged_attend``
 (``ragged.ragged_attend``).
 
-Measured (BENCHMARKS.md, "torch.compile of the ragged step"): steps are 1.1-1.26x faster in bf16
-(``bench steps --torch-compile``), and ``serve --torch-compile`` runs 25.6 ms a step against the
+Measured (docs/benchmarks/2026-11-25-compiled-serve.md): steps are 1.1-1.26x faster in bf16
+(``python -m benchmarks steps --torch-compile``), and ``serve --torch-compile`` runs 25.6 ms a step against the
 eager server's 31-32 one request at a time, once the warm-up runs on a thread that ends
 (``api.on_own_thread``: a forward on the caller's thread had made the engine's steps 40 ms).
 Two settings took a one-row step from ~26 to ~22 ms more ("Fewer calls a step", issue 24): the

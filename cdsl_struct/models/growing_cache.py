@@ -3,7 +3,7 @@ capacity instead of copying the whole cache.
 
 transformers' ``DynamicLayer`` appends a step's keys with ``torch.cat``, which copies every row's
 every cached position of every layer at every step: at 16 rows of ~150 positions that was 12% of
-a CPU decode step (``aten::cat`` in the engine's profile, BENCHMARKS.md). ``GrowingLayer`` keeps
+a CPU decode step (``aten::cat`` in the profile of docs/benchmarks/2026-11-25-model-layer.md). ``GrowingLayer`` keeps
 each tensor in a buffer with spare positions along the sequence axis and hands attention a view
 of the used part; appending copies only the new positions, and the buffer is reallocated (with a
 quarter of its length spare) only when it runs out. ``BatchRunner`` rewrites ``keys``/``values``

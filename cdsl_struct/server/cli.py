@@ -78,7 +78,7 @@ def bound_malloc_arenas() -> int | None:
 
     The server's many threads (HTTP, compiles, masks) each get an arena by default, and the
     engine's tensors of ever-changing shapes fragment them: a 10-minute soak grew the server by
-    1 GB with glibc's default and by 0.19 GB with 2 arenas (BENCHMARKS.md, "Soak")."""
+    1 GB with glibc's default and by 0.19 GB with 2 arenas (docs/benchmarks/2026-11-25-soak.md)."""
     import ctypes
     import ctypes.util
 
