@@ -6,7 +6,7 @@ with room to finish (its natural length n, ``on_budget="cut"``), then again at `
 valid under their schema, field accuracy over the fields the answer kept (against the natural
 answers' accuracy over all fields), fields kept, tokens over the budget, and wall time.
 
-    .venv/bin/python benchmarks/budget_close.py --split report --cases 40 --json benchmarks/results/budget_close.json
+    .venv/bin/python -m benchmarks.budget_close --split report --cases 40 --json benchmarks/results/budget_close.json
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from typing import Any
 import jsonschema
 
 from cdsl_struct.api import Generator
-from cdsl_struct.bench.answer_quality import _lookup, same_value
-from cdsl_struct.bench.extraction_tasks import family_tasks
+
+from .answer_quality import _lookup, same_value
+from .extraction_tasks import family_tasks
 
 
 def judge(task: Any, result: Any) -> dict[str, Any]:

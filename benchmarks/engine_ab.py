@@ -29,7 +29,7 @@ import json, sys, time, torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from cdsl_struct.bench.serving import PERSON_SCHEMA, prompts
 from cdsl_struct.constraints import JsonSchema, compile
-from cdsl_struct.decoding.engine import BatchEngine, Request
+from cdsl_struct.decoding import BatchEngine, Request
 from cdsl_struct.models import batch_runner, load_tokenizer
 from cdsl_struct.prompts import prompt_ids
 rows, max_tokens, threads = (int(a) for a in sys.argv[1:4])

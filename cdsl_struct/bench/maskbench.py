@@ -13,6 +13,7 @@ time budget or the worker's memory passes its budget, so one pathological schema
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import hashlib
 import json
@@ -31,6 +32,8 @@ import numpy as np
 
 from ..constraints import JsonSchema, TokenVocabulary, allocate_bitmask, compile, is_allowed
 from ..errors import CdslError, CompileTimeout
+from ..options import BACKENDS
+from . import write_report
 
 STATUSES = ("passing", "compile_error", "timeout", "validation_error", "invalidation_error")
 SPLITS = ("tune", "report")
@@ -72,9 +75,6 @@ def read_jsonl(file: Path) -> Iterator[dict[str, Any]]:
         for line in handle:
             if line.strip():
                 yield json.loads(line)
-
-
-# --- worker side -------------------------------------------------------------------------------
 
 
 def run_case(case: dict[str, Any], vocabulary: TokenVocabulary, config: MaskBenchConfig,
@@ -145,9 +145,6 @@ def _worker(conn: Connection, vocabulary: TokenVocabulary, config: MaskBenchConf
         if case is None:
             return
         conn.send(run_case(case, vocabulary, config, report=conn.send))
-
-
-# --- parent side -------------------------------------------------------------------------------
 
 
 class _WorkerHandle:
@@ -304,3 +301,26 @@ def format_table(summary: dict[str, Any]) -> str:
     ]
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``cdsl-struct bench maskbench``'s options."""
+    parser.add_argument("--data", required=True, help="a .jsonl(.gz) file or a folder of them")
+    parser.add_argument("--tokenizer", default="llama3", help="tokenizer name, path or HF id (default llama3)")
+    parser.add_argument("--backend", default="auto", choices=BACKENDS)
+    parser.add_argument("--limit", type=int, default=None, help="sample this many cases across all files")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the --limit sample")
+    parser.add_argument("--timeout", type=float, default=30.0, help="compile time budget per case, seconds")
+    parser.add_argument("--tests-timeout", type=float, default=120.0, help="time budget for a case's tests")
+    parser.add_argument("--memory-mb", type=int, default=3000, help="worker memory budget, MB")
+    parser.add_argument("--json", dest="json_out", help="write summary and per-case results here")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the bench as ``args`` say; print the table, write the report."""
+    cases = load_cases(args.data, limit=args.limit, seed=args.seed)
+    config = MaskBenchConfig(backend=args.backend, compile_timeout_s=args.timeout,
+                             tests_timeout_s=args.tests_timeout, memory_limit_mb=args.memory_mb)
+    report = run_maskbench(cases, args.tokenizer, config, progress=not args.no_progress)
+    return write_report(report, format_table(report["summary"]), args)

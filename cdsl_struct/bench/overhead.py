@@ -15,6 +15,7 @@ busy, as a noisy co-tenant would.
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing
 import os
 import platform
@@ -28,6 +29,7 @@ from ..constraints import JsonSchema, compile
 from ..decoding import PHASES, BatchEngine, Request
 from ..models import batch_runner, load_tokenizer, model_device, resolve_device
 from ..prompts import prompt_ids
+from . import write_report
 from .host_reads import HostReads
 from .serving import PERSON_SCHEMA, prompts
 
@@ -192,3 +194,25 @@ def format_table(report: dict[str, Any]) -> str:
     lines.append(f"ms per step on {report['machine'].get('device', 'cpu')}; host = wall - forward; "
                  f"cpu flags: {' '.join(report['machine']['cpu_flags'])}")
     return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``cdsl-struct bench overhead``'s options."""
+    parser.add_argument("--rows", default="1,16,64,256", help="comma-separated rows decoding at once")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--tokenizer", default="smollm2", help="whose vocabulary the model has (default smollm2)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (0: leave torch's default)")
+    parser.add_argument("--mask-workers", type=int, default=2, help="the engine's mask threads (default 2)")
+    parser.add_argument("--neighbour", action="store_true",
+                        help="also run each size beside a process busy on one core")
+    parser.add_argument("--device", default="cpu", help="where the near-zero model runs: cpu, cuda, cuda:N or mps")
+    parser.add_argument("--json", dest="json_out", help="write the report here")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the bench as ``args`` say; print the table, write the report."""
+    config = OverheadConfig(rows=tuple(int(r) for r in args.rows.split(",") if r.strip()), max_tokens=args.max_tokens,
+                            tokenizer=args.tokenizer, threads=args.threads or None, mask_workers=args.mask_workers,
+                            neighbour=args.neighbour, device=args.device)
+    report = run_overhead_bench(config)
+    return write_report(report, format_table(report), args)

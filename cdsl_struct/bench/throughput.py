@@ -7,23 +7,21 @@ Per B: wall time, tokens/s, requests/s, latency p50/p99 (from the start of the r
 request's end, queueing included), target forward passes, the engine's counters, valid outputs
 and the share of requests whose tokens equal the B=1 run's (batch invariance; B=1 itself is
 checked on a few requests against ``decode``, a batch of one with no adaptive width, no mask
-threads and no prefix cache). Beside it: the same prompts
-unconstrained (free text, no drafts) at the largest B, against the constrained run as served and
-with no proposers at all (masks only), ``transformers`` ``generate`` one request at a time with
-an outlines-core logits processor, and the ``outlines`` package itself (extra ``outlines``):
-``outlines.Generator(...).batch`` over all requests that share a constraint, one padded
-``generate`` per constraint, same model object, prompts and constraints. Constraints compile
-(and Outlines' generators are built and warmed up) before timing.
+threads and no prefix cache). Beside it: the same prompts unconstrained (free text, no drafts)
+at the largest B, as served and with no proposers at all (masks only). Constraints compile before
+timing. Other libraries on the same workload hook in as ``baselines`` (``python -m benchmarks throughput``).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -33,7 +31,7 @@ from ..constraints import Choice, JsonSchema, Regex, compile
 from ..decoding import BatchEngine, Request, SamplingParams, build_proposers, decode
 from ..models import ModelRunner, batch_runner, load_model
 from ..prompts import prompt_ids
-from .speculative import OutlinesCoreLogitsProcessor, _outlines_index
+from . import write_report
 
 FREE_TEXT = r"[\s\S]*"
 
@@ -152,6 +150,8 @@ def build_workload(count: int, lookup_every: int = 4) -> list[WorkItem]:
 
 @dataclass
 class ThroughputConfig:
+    """What ``run_throughput_bench`` runs: the batch sizes, the workload and the model."""
+
     batch_sizes: tuple[int, ...] = (1, 4, 8, 16)
     requests: int = 32
     max_tokens: int = 64
@@ -160,11 +160,8 @@ class ThroughputConfig:
     model: str = "smollm2"
     device: str = "auto"
     threads: int | None = None
-    with_hf: bool = True
-    hf_requests: int = 16
     with_unconstrained: bool = True
     reference_checks: int = 4
-    with_outlines: bool | None = None  # None: when the outlines package is installed
 
 
 @dataclass
@@ -178,19 +175,39 @@ class Job:
     params: SamplingParams
 
 
-def run_throughput_bench(config: ThroughputConfig, progress: bool = True) -> dict[str, Any]:
+@dataclass
+class ThroughputRun:
+    """What a baseline sees after the engine's runs; it adds its entry to ``summary`` and its
+    per-request entries under ``rows[i]["runs"]``."""
+
+    config: ThroughputConfig
+    loaded: Any
+    items: list[WorkItem]
+    jobs: list[Job]
+    rows: list[dict[str, Any]]
+    summary: dict[str, Any]
+    pad: int
+    progress: bool
+
+
+Baseline = Callable[[ThroughputRun], None]
+"""Something else run on the same workload after the engine's runs (e.g. another library)."""
+
+
+def run_throughput_bench(config: ThroughputConfig, progress: bool = True,
+                         baselines: Sequence[Baseline] = ()) -> dict[str, Any]:
     """Run the sweep (B=1 always first, as the reference), the reference check, the unconstrained
-    run and the HF baseline; return ``{"config", "machine", "requests", "summary"}``."""
+    run and ``baselines`` in order; return ``{"config", "machine", "requests", "summary"}``."""
     before = torch.get_num_threads()
     if config.threads:
         torch.set_num_threads(config.threads)
     try:
-        return _run(config, progress)
+        return _run(config, progress, baselines)
     finally:
         torch.set_num_threads(before)
 
 
-def _run(config: ThroughputConfig, progress: bool) -> dict[str, Any]:
+def _run(config: ThroughputConfig, progress: bool, baselines: Sequence[Baseline]) -> dict[str, Any]:
     loaded = load_model(config.model, device=config.device)
     model, tokenizer = loaded.model, loaded.tokenizer
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else loaded.eos_token_ids[0]
@@ -209,7 +226,7 @@ def _run(config: ThroughputConfig, progress: bool) -> dict[str, Any]:
             reference = outcome["tokens"]
         summary = _summarise(outcome, items, rows, str(size), reference)
         batches.append({"batch": size, **summary})
-        _say(progress, f"B={size}: {summary['wall_s']:.1f} s, {summary['tokens_per_s']:.1f} tok/s")
+        say(progress, f"B={size}: {summary['wall_s']:.1f} s, {summary['tokens_per_s']:.1f} tok/s")
     base = batches[0]["tokens_per_s"]
     for entry in batches:
         entry["speedup_vs_b1"] = round(entry["tokens_per_s"] / base, 3) if base else None
@@ -220,25 +237,10 @@ def _run(config: ThroughputConfig, progress: bool) -> dict[str, Any]:
     if config.with_unconstrained:
         report_summary["unconstrained"] = _overhead(model, pad, jobs, free_jobs, items, rows, batches[-1], reference,
                                                     config)
-        _say(progress, f"unconstrained B={sizes[-1]}: {report_summary['unconstrained']['tokens_per_s']:.1f} tok/s")
+        say(progress, f"unconstrained B={sizes[-1]}: {report_summary['unconstrained']['tokens_per_s']:.1f} tok/s")
 
-    if config.with_hf:
-        hf = _hf_baseline(loaded, jobs[:min(config.hf_requests, len(jobs))], config, rows, pad)
-        report_summary["hf"] = hf
-        for entry in batches:
-            rate = hf["tokens_per_s"]
-            entry["speedup_vs_hf"] = round(entry["tokens_per_s"] / rate, 3) if rate else None
-        _say(progress, f"HF generate: {hf['tokens_per_s']:.1f} tok/s")
-
-    outlines = _outlines_baseline(loaded, items, config, rows)
-    if outlines is not None:
-        report_summary["outlines"] = outlines
-        largest = batches[-1]
-        rate = outlines["tokens_per_s"]
-        outlines["our_tokens_per_s"] = largest["tokens_per_s"]
-        outlines["our_batch"] = largest["batch"]
-        outlines["speedup_ours_vs_outlines"] = round(largest["tokens_per_s"] / rate, 3) if rate else None
-        _say(progress, f"outlines batch: {rate:.1f} tok/s")
+    for baseline in baselines:
+        baseline(ThroughputRun(config, loaded, items, jobs, rows, report_summary, pad, progress))
 
     machine = _machine(loaded)
     kinds = Counter(i.kind for i in items)
@@ -375,90 +377,8 @@ def _percentile(values: list[float], q: float) -> float | None:
     return round(ordered[low] + (ordered[high] - ordered[low]) * (position - low), 4)
 
 
-def _hf_baseline(loaded: Any, jobs: list[Job], config: ThroughputConfig, rows: list[dict[str, Any]],
-                 pad: int) -> dict[str, Any]:
-    """``model.generate`` one request at a time, greedy, outlines-core processor where it compiles
-    the constraint (free text runs unconstrained)."""
-    from transformers import LogitsProcessorList
-
-    model, eos = loaded.model, set(loaded.eos_token_ids)
-    indexes: dict[str, Any] = {}
-    for job in jobs:  # outlines-core indexes, built before timing
-        key = job.compiled.spec.key
-        if job.item.kind != "free" and key not in indexes:
-            indexes[key] = _outlines_index(job.compiled.spec, job.compiled)
-    total_wall, tokens, valid, processed, failed = 0.0, 0, 0, 0, []
-    for job in jobs:
-        index = indexes.get(job.compiled.spec.key) if job.item.kind != "free" else None
-        ids = torch.tensor([job.prompt], device=loaded.device)
-        # every EOS of ours stops it too (a model's generation config may name only one)
-        kwargs: dict[str, Any] = {"max_new_tokens": config.max_tokens, "do_sample": False, "pad_token_id": pad,
-                                  "eos_token_id": sorted(eos), "attention_mask": torch.ones_like(ids)}
-        if index is not None:
-            processed += 1
-            kwargs["logits_processor"] = LogitsProcessorList(
-                [OutlinesCoreLogitsProcessor(index, job.compiled.vocab_size, len(job.prompt))])
-        start = time.perf_counter()
-        try:
-            with torch.inference_mode():
-                out = model.generate(ids, **kwargs)
-        except ValueError as exc:  # the outlines-core guide refused the token generate chose
-            failed.append({"request": job.item.index, "error": str(exc)})
-            rows[job.item.index]["runs"]["hf"] = {"error": str(exc)}
-            continue
-        wall = time.perf_counter() - start
-        new = out[0, len(job.prompt):].tolist()
-        stopped = bool(new) and new[-1] in eos
-        text = loaded.tokenizer.decode([t for t in new if t not in eos], skip_special_tokens=True)
-        ok = stopped and job.item.valid(text)
-        total_wall, tokens, valid = total_wall + wall, tokens + len(new), valid + ok
-        rows[job.item.index]["runs"]["hf"] = {"tokens": len(new), "stopped": stopped, "valid": ok, "text": text,
-                                              "wall_s": round(wall, 4), "outlines_processor": index is not None}
-    return {"requests": len(jobs), "of": config.requests, "with_outlines_processor": processed,
-            "failed": failed, "wall_s": round(total_wall, 3), "tokens": tokens,
-            "tokens_per_s": round(tokens / total_wall, 2) if total_wall else 0.0, "valid": valid}
-
-
-def _outlines_baseline(loaded: Any, items: list[WorkItem], config: ThroughputConfig,
-                       rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The outlines package: one ``Generator.batch`` per distinct constraint over its requests
-    (free text: no output type). Greedy, ``max_tokens`` each; validity checked like ours."""
-    if config.with_outlines is False:
-        return None
-    try:
-        from .outlines_baseline import OutlinesBaseline, chat_text
-
-        baseline = OutlinesBaseline(loaded.model, loaded.tokenizer)
-    except ImportError:
-        if config.with_outlines:
-            raise
-        return None
-    groups: dict[str, list[WorkItem]] = {}
-    for item in items:
-        groups.setdefault("free" if item.kind == "free" else item.spec.key, []).append(item)
-    specs = {key: (None if group[0].kind == "free" else group[0].spec) for key, group in groups.items()}
-    for spec in specs.values():
-        baseline.prepare(spec)
-    first = next(iter(specs.values()))
-    baseline.warm_up(first, chat_text(loaded.tokenizer, items[0].prompt))
-    wall, tokens, valid, ran, unsupported = 0.0, 0, 0, 0, {}
-    for key, group in groups.items():
-        out = baseline.generate_batch(specs[key], [chat_text(loaded.tokenizer, i.prompt) for i in group],
-                                      config.max_tokens)
-        if out is None:
-            unsupported[group[0].family] = baseline.reason(specs[key])
-            continue
-        wall, tokens, ran = wall + out["wall_s"], tokens + out["tokens"], ran + len(group)
-        for item, text in zip(group, out["texts"], strict=True):
-            ok = item.valid(text)
-            valid += ok
-            rows[item.index]["runs"]["outlines"] = {"text": text, "valid": ok}
-    return {"requests": ran, "of": len(items), "batches": len(groups) - len(unsupported), "wall_s": round(wall, 3),
-            "tokens": tokens, "tokens_per_s": round(tokens / wall, 2) if wall else 0.0, "valid": valid,
-            "unsupported": unsupported}
-
-
-def _say(progress: bool, line: str) -> None:
+def say(progress: bool, line: str) -> None:
+    """Print a progress ``line`` to stderr when ``progress``."""
     if progress:
         print(line, file=sys.stderr, flush=True)
 
@@ -468,18 +388,23 @@ def _seconds(value: float | None) -> str:
 
 
 def format_table(report: dict[str, Any]) -> str:
-    """A markdown table (one row per batch size) and the reference, overhead and HF lines."""
+    """A markdown table (one row per batch size; a "vs HF" column where an HF baseline ran) and the
+    reference and overhead lines."""
     summary = report["summary"]
     n, work, machine = summary["workload"]["requests"], summary["workload"], summary["machine"]
+    with_hf = "hf" in summary
     head = ["B", "wall s", "tokens", "tok/s", "req/s", "p50 s", "p99 s", "vs B=1", "vs HF", "target passes",
             "valid", "identical", "mask hidden", "rows/step", "step ms", "prefill s"]
+    if not with_hf:
+        head.remove("vs HF")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for b in summary["batches"]:
         length = b["finish_reasons"].get("length", 0)
         cells = [b["batch"], f"{b['wall_s']:.2f}", b["tokens"], f"{b['tokens_per_s']:.1f}",
                  f"{b['requests_per_s']:.2f}", _seconds(b["latency_p50_s"]), _seconds(b["latency_p99_s"]),
                  f"{b['speedup_vs_b1']:.2f}x",
-                 f"{b['speedup_vs_hf']:.2f}x" if b.get("speedup_vs_hf") else "-", b["target_passes"],
+                 *([f"{b['speedup_vs_hf']:.2f}x" if b.get("speedup_vs_hf") else "-"] if with_hf else []),
+                 b["target_passes"],
                  f"{b['valid']}/{n} ({length} length)", f"{b['identical_rate']:.2f}",
                  f"{b['engine']['mask_hidden_share']:.2f}", f"{b['engine']['mean_rows']:.1f}",
                  f"{b['engine']['decode_step_ms']:.0f}", f"{b['engine']['prefill_seconds']:.2f}"]
@@ -499,18 +424,33 @@ def format_table(report: dict[str, Any]) -> str:
                      f"{bare['tokens_per_s']:.1f} tok/s, {bare['passes_per_token']:.2f} passes/token, "
                      f"{u['no_drafts_overhead_per_token'] * 100:+.1f}% per token, identical to B=1 "
                      f"{bare['identical_rate']:.2f}")
-    if "hf" in summary:
-        hf = summary["hf"]
-        lines.append(f"HF generate, one at a time, first {hf['requests']} of {hf['of']} requests "
-                     f"({hf['with_outlines_processor']} with the outlines-core processor, the rest unconstrained): "
-                     f"{hf['tokens_per_s']:.1f} tok/s, {hf['tokens']} tokens in {hf['wall_s']:.2f} s, "
-                     f"valid {hf['valid']}/{hf['requests']}")
-    if "outlines" in summary:
-        o = summary["outlines"]
-        missing = "; ".join(f"{k}: {v}" for k, v in o["unsupported"].items()) or "none"
-        lines.append(f"outlines package, Generator.batch per constraint ({o['batches']} batches, {o['requests']} of "
-                     f"{o['of']} requests): {o['tokens_per_s']:.1f} tok/s, {o['tokens']} tokens in "
-                     f"{o['wall_s']:.2f} s, "
-                     f"valid {o['valid']}/{o['requests']}; ours at B={o['our_batch']}: {o['our_tokens_per_s']:.1f} "
-                     f"tok/s ({o['speedup_ours_vs_outlines']}x); cannot express: {missing}")
     return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``cdsl-struct bench throughput``'s options."""
+    parser.add_argument("--batch", default="1,4,8,16", help="comma-separated batch sizes (1 is always run, first)")
+    parser.add_argument("--requests", type=int, default=32, help="requests in the mixed workload (default 32)")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--k", type=int, default=6, help="tokens proposed per step by the prompt-lookup rows")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--model", default="smollm2", help="target model (default: the embedded SmolLM2)")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--no-unconstrained", action="store_true", help="skip the unconstrained run")
+    parser.add_argument("--json", dest="json_out", help="write config, per-request rows and summary here")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def config_from(args: argparse.Namespace) -> ThroughputConfig:
+    """The config ``args`` describe."""
+    return ThroughputConfig(batch_sizes=tuple(int(b) for b in args.batch.split(",") if b.strip()),
+                            requests=args.requests, max_tokens=args.max_tokens, k=args.k, temperature=args.temperature,
+                            model=args.model, device=args.device, threads=args.threads,
+                            with_unconstrained=not args.no_unconstrained)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the bench as ``args`` say; print the table, write the report."""
+    report = run_throughput_bench(config_from(args), progress=not args.no_progress)
+    return write_report(report, format_table(report), args)

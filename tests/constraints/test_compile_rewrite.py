@@ -5,8 +5,8 @@ import json
 
 import pytest
 
+from benchmarks.fuzz_rewrite import compare, validator
 from cdsl_struct import UnsupportedFeature, compile
-from cdsl_struct.bench.fuzz_rewrite import compare, validator
 from cdsl_struct.bench.maskbench import load_cases, split_of
 from cdsl_struct.constraints import allocate_bitmask, is_allowed
 from cdsl_struct.constraints.schema_rewrite import rewrite_schema

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdsl_struct.bench.fuzz_rewrite import compare, validator
+from benchmarks.fuzz_rewrite import compare, validator
 from cdsl_struct.constraints.schema_rewrite import rewrite_schema
 from cdsl_struct.constraints.schema_rewrite.regexes import complement_of_strings, literal_alternatives
 from cdsl_struct.errors import UnsupportedFeature

@@ -62,7 +62,7 @@ def test_every_other_command_starts_without_the_server_extra():
         "for name in ('fastapi', 'starlette', 'uvicorn', 'sse_starlette', 'opentelemetry'):\n"
         "    sys.modules[name] = None\n"
         "from cdsl_struct.cli import main\n"
-        "for argv in (['bench', 'throughput', '--help'], ['bench', 'speculative', '--help'], ['generate', '--help']):\n"
+        "for argv in (['bench', 'throughput', '--help'], ['bench', 'serve', '--help'], ['generate', '--help']):\n"
         "    try:\n"
         "        main(argv)\n"
         "    except SystemExit as exc:\n"
