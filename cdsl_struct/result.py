@@ -112,6 +112,8 @@ class Result:
     names the decoder that ran (set by ``Generator.generate``). ``closed_by_budget``: the output
     was closed early to fit ``max_tokens`` (``on_budget="close"``): complete and valid, with
     ``finish_reason`` ``length``, but a string may be short and optional members missing.
+    ``reasoning``: with ``reasoning=``, what the model thought between its markers (None where it
+    did not think); ``text`` and ``value`` are then the answer after the thinking.
     """
 
     text: str
@@ -126,6 +128,7 @@ class Result:
     logprobs: list[dict[str, Any]] | None = None
     prompt_tokens: int = 0
     closed_by_budget: bool = False
+    reasoning: str | None = None
 
     def __post_init__(self) -> None:
         if self.content is None and not self.tool_calls:

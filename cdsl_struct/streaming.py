@@ -36,6 +36,68 @@ class TextDeltas:
         return self._decoder.decode(b"", final=True)
 
 
+class Thought(str):
+    """A text delta of the model's thinking (with ``reasoning=``): a stream yields these beside the
+    answer's plain ``str`` deltas; the plain ones alone concatenate to ``result.text``."""
+
+
+class ThoughtDeltas:
+    """Text deltas of a reasoning row split into ``Thought`` (between the markers) and answer
+    text; the markers themselves are dropped. ``written`` is the raw text consumed up to and
+    including the close marker, so ``written + result.text`` is the row's whole output."""
+
+    def __init__(self, open_marker: str, close_marker: str, phase: str) -> None:
+        from .constraints.reasoning import ANSWER, BEFORE, THINKING
+
+        self.open, self.close = open_marker, close_marker
+        # any other phase (a forced open marker) starts with the marker, as BEFORE reads it
+        self.phase = {ANSWER: "answer", THINKING: "thinking", BEFORE: "before"}.get(phase, "before")
+        self._buffer = ""
+        self.written = ""
+
+    def push(self, delta: str) -> list[str]:
+        """The pieces ``delta`` completes (``Thought`` or answer ``str``), in order."""
+        out: list[str] = []
+        self._buffer += delta
+        if self.phase == "before":
+            if self.open.startswith(self._buffer):
+                return out  # maybe the open marker: wait
+            if self._buffer.startswith(self.open):
+                self.written += self.open
+                self._buffer, self.phase = self._buffer[len(self.open):], "thinking"
+            else:
+                self.phase = "answer"
+        if self.phase == "thinking":
+            end = self._buffer.find(self.close)
+            if end < 0:
+                from .constraints.reasoning import matched_after
+
+                keep = matched_after(self._buffer, self.close)  # may begin the close marker: held
+                cut = len(self._buffer) - keep
+                sendable, self._buffer = self._buffer[:cut], self._buffer[cut:]
+                self.written += sendable
+                return [Thought(sendable)] if sendable else out
+            thought, self._buffer = self._buffer[:end], self._buffer[end + len(self.close):]
+            self.written += thought + self.close
+            if thought:
+                out.append(Thought(thought))
+            self.phase = "answer"
+        if self.phase == "answer" and self._buffer:
+            out.append(self._buffer)
+            self._buffer = ""
+        return out
+
+    def flush(self) -> list[str]:
+        """What is held when the output ends (a thought cut by the budget of tokens)."""
+        held, self._buffer = self._buffer, ""
+        if not held:
+            return []
+        if self.phase == "thinking":
+            self.written += held
+            return [Thought(held)]
+        return [] if self.phase == "before" else [held]
+
+
 class PartialValues:
     """A stream's text so far and its typed partial value (``partial.py``), read on demand: a
     JSON schema's output as a dict (or list, or string), a pydantic model's as a model built
@@ -48,7 +110,8 @@ class PartialValues:
         self._read: tuple[int, Any] = (0, None)
 
     def add(self, delta: str) -> None:
-        self._parts.append(delta)
+        if not isinstance(delta, Thought):
+            self._parts.append(delta)
 
     @property
     def value(self) -> Any:

@@ -323,7 +323,9 @@ def finish(session: Session, dead_end: bool, stopped: bool = False, cancelled: b
         "constraint_dead_end" if dead_end else "length"
     stats.tokens = len(session.output)
     stats.mask_seconds = state.mask_seconds
+    split = getattr(session.compiled.spec, "split", None)  # a reasoning row: (thinking, answer)
+    reasoning, text = split(text) if split is not None else (None, text)
     value: Any = parse_value(session.compiled.spec, text) if complete else None
     logprobs = session.logprobs[:len(session.output)] if session.logprobs is not None else None
     return Result(text=text, tokens=list(session.output), finish_reason=reason, complete=complete,
-                  value=value, stats=stats, logprobs=logprobs, closed_by_budget=closed)
+                  value=value, stats=stats, logprobs=logprobs, closed_by_budget=closed, reasoning=reasoning)
