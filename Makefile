@@ -52,7 +52,7 @@ test-vllm: $(VLLM_STAMP)
 	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q tests/integrations/test_vllm.py
 
 lint: setup
-	$(VENV)/bin/ruff check cdsl_struct tests examples
+	$(VENV)/bin/ruff check cdsl_struct tests examples benchmarks
 
 bench-maskbench: assets
 	$(VENV)/bin/cdsl-struct bench maskbench --data ../shared/data/maskbench --tokenizer llama3 \

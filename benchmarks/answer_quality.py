@@ -1,4 +1,4 @@
-"""``cdsl-struct bench quality``: are constrained answers as good as free ones?
+"""``python -m benchmarks quality``: are constrained answers as good as free ones?
 
 The same prompts are answered greedily by the batched ``Generator`` in several settings. The
 prompts come from one of two sources:
@@ -455,7 +455,7 @@ def format_summary(summary: dict[str, Any], worst_fields: int = 4) -> str:
 
 
 def add_arguments(parser: Any) -> None:
-    """``bench quality``'s options (defaults are ``QualityConfig``'s)."""
+    """``python -m benchmarks quality``'s options (defaults are ``QualityConfig``'s)."""
     defaults = QualityConfig()
     parser.add_argument("--source", default=defaults.source, choices=SOURCES,
                         help="families: extraction in seven everyday families (default); maskbench: tasks from "
@@ -482,7 +482,7 @@ def add_arguments(parser: Any) -> None:
 
 
 def run_from_args(args: Any) -> tuple[dict[str, Any], str]:
-    """Run ``bench quality`` as the command line asked; return (report, printed table)."""
+    """Run ``python -m benchmarks quality`` as the command line asked; return (report, printed table)."""
     if args.threads:
         import torch
 

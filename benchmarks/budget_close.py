@@ -1,6 +1,6 @@
 """Answers at a budget below their natural length: cut against closed (issue 40).
 
-For each extraction task of ``bench quality``'s families (one split), the answer is first decoded
+For each extraction task of ``python -m benchmarks quality``'s families (one split), the answer is first decoded
 with room to finish (its natural length n, ``on_budget="cut"``), then again at ``max_tokens`` =
 50% and 75% of n, once cut and once closed (``on_budget="close"``). Reported per budget: answers
 valid under their schema, field accuracy over the fields the answer kept (against the natural

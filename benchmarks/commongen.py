@@ -1,8 +1,8 @@
-"""``cdsl-struct bench commongen``: keyword-constrained sentences, greedy vs CDLH vs CDSL.
+"""``python -m benchmarks commongen``: keyword-constrained sentences, greedy vs CDLH vs CDSL.
 
 Each CommonGen concept set (``field_N#look_V#stand_V``) becomes an instruction to the embedded
 model; the output is hard-constrained to one real sentence (``sentence="words"``: listed whole
-words, see ``bench/sentence.py``; ``"loose"``: the old letters-and-spaces regex), and the reward
+words, see ``benchmarks/sentence.py``; ``"loose"``: the old letters-and-spaces regex), and the reward
 is keyword coverage (inflections count) with each keyword worth at most ``max_repeats``
 occurrences (stuffing scores less).
 

@@ -1,4 +1,4 @@
-"""Extraction tasks in the families users extract, for ``bench quality --source families``.
+"""Extraction tasks in the families users extract, for ``python -m benchmarks quality --source families``.
 
 Each case is a short passage in everyday prose that states every value of a record, and a
 request for that record as JSON. Seven families cover what users extract:

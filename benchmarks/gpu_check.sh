@@ -8,6 +8,7 @@
 set -u
 OUT="${OUT:-/tmp/gpu_out}"; mkdir -p "$OUT"
 CLI="python3 -m cdsl_struct.cli"
+LAB="python3 -m benchmarks"  # the research harnesses, from the repository root
 step() {  # step NAME SECONDS COMMAND...
   local name=$1 limit=$2; shift 2
   local started=$SECONDS
@@ -17,7 +18,7 @@ step() {  # step NAME SECONDS COMMAND...
   { echo "== $name: rc=$rc in $((SECONDS - started))s"; cat /tmp/step.log; } >>"$OUT/steps.log"
   echo "rc=$rc in $((SECONDS - started))s"; grep -v "it/s]" /tmp/step.log | tail -n 14
 }
-step throughput 150 $CLI bench throughput --device cuda --batch 1,16,64 --requests 64 --max-tokens 48 \
+step throughput 150 $LAB throughput --device cuda --batch 1,16,64 --requests 64 --max-tokens 48 \
   --hf-requests 16 --json "$OUT/throughput.json"
 # the server on the GPU, 64 clients at once (and a few one at a time)
 $CLI serve --device cuda --port 8011 --max-batch-size 64 >"$OUT/server.log" 2>&1 &
@@ -36,9 +37,9 @@ if [ -n "${OVERHEAD:-}" ]; then
   step overhead 70 $CLI bench overhead --device cuda --rows 1,16,64,256 --threads 0 --json "$OUT/overhead.json"
 fi
 if [ -n "${SPECULATIVE:-}" ]; then
-  step speculative_fp32 50 $CLI bench speculative --device cuda --dtype float32 --no-hf --repeat 1 \
+  step speculative_fp32 50 $LAB speculative --device cuda --dtype float32 --no-hf --repeat 1 \
     --json "$OUT/spec_fp32.json" --no-progress
-  step speculative_bf16 50 $CLI bench speculative --device cuda --dtype bfloat16 --no-hf --repeat 1 \
+  step speculative_bf16 50 $LAB speculative --device cuda --dtype bfloat16 --no-hf --repeat 1 \
     --json "$OUT/spec_bf16.json" --no-progress
 fi
 echo "done in ${SECONDS}s"

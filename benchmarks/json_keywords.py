@@ -1,4 +1,4 @@
-"""``cdsl-struct bench json-keywords``: hard and soft constraints together.
+"""``python -m benchmarks json-keywords``: hard and soft constraints together.
 
 Every output must be one JSON object valid under ``LISTING_SCHEMA`` (a hard constraint: a title
 and a one-sentence description, both bounded), and its strings should name the keywords of a

@@ -1,4 +1,4 @@
-"""``cdsl-struct bench keyword-load``: keyword-constrained requests one at a time against all at once.
+"""``python -m benchmarks keyword-load``: keyword-constrained requests one at a time against all at once.
 
 The same ``--requests`` CommonGen concept sets (``--split``, default ``report``) become
 ``Generator.generate(prompt, keywords=..., method=...)`` calls through the public API: first one

@@ -1,4 +1,4 @@
-"""Tasks with known answers for ``bench quality``, built reproducibly from MaskBench cases.
+"""Tasks with known answers for ``python -m benchmarks quality``, built reproducibly from MaskBench cases.
 
 Each usable case (a flat or lightly nested valid instance with a few short scalar values, a
 schema of modest size) becomes a passage that states every value of the instance, one sentence

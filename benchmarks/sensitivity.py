@@ -1,4 +1,4 @@
-"""``cdsl-struct bench commongen-sweep``: CDSL's speed against hard coverage as a_t, r_t, d, the
+"""``python -m benchmarks commongen-sweep``: CDSL's speed against hard coverage as a_t, r_t, d, the
 steer ratio and the guided draft's reward weight vary.
 
 On the ``tune`` split only. Greedy and CDLH run once on the same concept sets as references; then

@@ -1,4 +1,4 @@
-"""``cdsl-struct bench profile``: where a serve-bench case spends its time, as a torch.profiler table.
+"""``python -m benchmarks profile``: where a serve-bench case spends its time, as a torch.profiler table.
 
 The serve bench's json_schema requests (``bench serve``'s prompts and schema, greedy) run
 in-process through a ``Generator``, one at a time or all at once, with the engine stepped on the

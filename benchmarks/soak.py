@@ -1,4 +1,4 @@
-"""``cdsl-struct bench soak``: many clients for many minutes against one server, mixing well-formed,
+"""``python -m benchmarks soak``: many clients for many minutes against one server, mixing well-formed,
 hostile and disconnecting requests (``soak_requests``), to show that no client can hurt the server.
 
 By default the server is started here (``cdsl-struct serve`` in a child process, its defaults plus

@@ -1,4 +1,4 @@
-"""The requests of ``cdsl-struct bench soak``: well-formed, hostile and disconnecting, each with what
+"""The requests of ``python -m benchmarks soak``: well-formed, hostile and disconnecting, each with what
 a correct server answers and how to check the answer.
 
 Request ``i`` is fully determined by ``i`` (``soak_request(i)``), so a run can be repeated. Of

@@ -1,4 +1,4 @@
-"""``cdsl-struct bench speculative``: constrained speculative decoding against its baselines.
+"""``python -m benchmarks speculative``: constrained speculative decoding against its baselines.
 
 For every task, interleaved in one process: (a) our ``target`` decoder, (b) our speculative
 decoder with the chosen draft, (c) what users do today, ``transformers`` ``generate()`` with an

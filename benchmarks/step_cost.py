@@ -1,4 +1,4 @@
-"""``cdsl-struct bench steps``: what one forward pass costs, the numbers the engine's choices rest on.
+"""``python -m benchmarks steps``: what one forward pass costs, the numbers the engine's choices rest on.
 
 Two measurements, rounds interleaved, the best of each kept (the machine is shared):
 

@@ -1,4 +1,4 @@
-"""``cdsl-struct bench tools``: tool calls with schemas as clients write them (no
+"""``python -m benchmarks tools``: tool calls with schemas as clients write them (no
 ``additionalProperties``), decoded with objects closed to undeclared keys (the default) and
 exactly as given (``extra_properties=True``), each with parallel calls allowed (OpenAI's default)
 and with one call only, side by side in one run.

@@ -1,4 +1,4 @@
-"""``cdsl-struct bench vllm``: our logits processor against vLLM's own XGrammar backend, in one
+"""``python -m benchmarks vllm``: our logits processor against vLLM's own XGrammar backend, in one
 vLLM engine, on the same json_schema requests (run it where vLLM is installed: ``.venv-vllm``).
 
 One offline ``LLM`` on the embedded SmolLM2 with ``CdslLogitsProcessor`` loaded. Each round sends

@@ -46,7 +46,7 @@ minutes of compiling for 1.2x the eager rate; ``Generator`` and the other comman
 DEFAULT_WHITESPACE = "flexible"
 """The JSON whitespace of every entry point that is not told otherwise: ``compile()``, ``Generator``,
 ``generate()``, tools, the server, ``cdsl-struct generate`` and ``cdsl-struct batch`` (and through
-``compile()`` the transformers processor). Chosen by ``cdsl-struct bench quality`` on its tune split:
+``compile()`` the transformers processor). Chosen by ``python -m benchmarks quality`` on its tune split:
 the model's own spacing after ``:`` and ``,`` keeps its answers right (BENCHMARKS.md)."""
 
 

@@ -35,7 +35,7 @@ def _cli_default(add_parser, argv: list[str]) -> str:
 
 
 def test_every_entry_point_defaults_to_the_one_whitespace_policy():
-    assert DEFAULT_WHITESPACE != "compact"  # bench quality: compact forbids the model's space before a number
+    assert DEFAULT_WHITESPACE != "compact"  # benchmarks quality: compact forbids the model's space before a number
     python_defaults = {
         "compile": _default(compile_spec, "whitespace"),
         "Generator": _default(Generator.__init__, "whitespace"),

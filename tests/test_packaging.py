@@ -1,5 +1,5 @@
 """The built distribution carries what users and type checkers need: the ``py.typed`` marker (PEP 561)
-and the shipped grammars."""
+and the shipped grammars; and not the lab (``benchmarks/``, the research harnesses)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ def test_the_wheel_ships_py_typed(tmp_path):
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    shutil.copytree(ROOT / "cdsl_struct", source / "cdsl_struct", ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("cdsl_struct", "benchmarks"):
+        shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__", "results"))
     build = ("import sys; from setuptools import build_meta; "
              "print(build_meta.build_wheel(sys.argv[1]))")
     done = subprocess.run([sys.executable, "-c", build, str(tmp_path / "dist")], cwd=source, capture_output=True,
@@ -34,3 +35,8 @@ def test_the_wheel_ships_py_typed(tmp_path):
     assert "cdsl_struct/py.typed" in names
     # the shipped grammars too: grammar="arithmetic" works from a pip install, not only from a clone
     assert {f"cdsl_struct/grammars/{name}.lark" for name in ("arithmetic", "json", "sql_select")} <= set(names)
+    # the lab stays in the repository: only the deployment benches ship
+    assert not [n for n in names if n.startswith("benchmarks/")]
+    assert {n.rsplit("/", 1)[-1] for n in names if n.startswith("cdsl_struct/bench/")} == {
+        "__init__.py", "host_reads.py", "maskbench.py", "overhead.py", "serve.py", "serving.py", "serving_mix.py",
+        "throughput.py"}

@@ -1,4 +1,4 @@
-"""``bench quality --source families``: the seven families, their split, and one real run."""
+"""``python -m benchmarks quality --source families``: the seven families, their split, and one real run."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``bench quality``: tasks built from MaskBench, scoring, the choice rule, and one real run."""
+"""``python -m benchmarks quality``: tasks built from MaskBench, scoring, the choice rule, and one real run."""
 
 from __future__ import annotations
 

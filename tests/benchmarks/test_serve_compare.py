@@ -1,4 +1,4 @@
-"""``bench serve --against``: both servers get the same bench, alternating round by round; the
+"""``python -m benchmarks serve --against``: both servers get the same bench, alternating round by round; the
 side-by-side summary sums each case over the rounds and divides their wall by ours."""
 
 import json

@@ -1,4 +1,4 @@
-"""``cdsl-struct bench soak``: the request mix is deterministic and covers every kind; a short soak
+"""``python -m benchmarks soak``: the request mix is deterministic and covers every kind; a short soak
 against the real server on the embedded model finds every request answered as it should be; and
 the checks catch what they exist to catch (a doubled stream, a response id seen twice, a 5xx)."""
 

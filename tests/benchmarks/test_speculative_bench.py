@@ -29,7 +29,7 @@ def test_bad_prompts_file(tmp_path):
         load_tasks(tasks)
 
 
-@pytest.mark.slow  # Outlines compiles its mask kernel first (torch.compile); `cdsl-struct bench speculative` runs it
+@pytest.mark.slow  # Outlines compiles its mask kernel first (torch.compile); `python -m benchmarks speculative` runs it
 def test_outlines_package_baseline_side_by_side(tmp_path):
     """(e): the outlines package under the same constraints, same model and prompts: valid, same text."""
     pytest.importorskip("outlines")

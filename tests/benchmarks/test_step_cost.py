@@ -1,4 +1,4 @@
-"""``bench steps`` on the embedded model with a tiny grid: every variant and cell measured."""
+"""``python -m benchmarks steps`` on the embedded model with a tiny grid: every variant and cell measured."""
 
 from benchmarks.step_cost import StepCostConfig, format_table, run_step_cost
 

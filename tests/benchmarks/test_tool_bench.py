@@ -1,4 +1,4 @@
-"""``cdsl-struct bench tools`` on the embedded model: both settings over the same requests, and
+"""``python -m benchmarks tools`` on the embedded model: both settings over the same requests, and
 closed objects never produce a key the tool's schema does not declare."""
 
 from benchmarks.tool_calls import ToolBenchConfig, format_tool_table, run_tool_bench

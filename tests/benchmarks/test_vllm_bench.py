@@ -1,4 +1,4 @@
-"""``bench vllm``'s report: the shape the CLI writes (a ``summary``) and its table. The bench
+"""``python -m benchmarks vllm``'s report: the shape the CLI writes (a ``summary``) and its table. The bench
 itself runs a vLLM engine and is exercised where vLLM is installed (``.venv-vllm``)."""
 
 from argparse import Namespace

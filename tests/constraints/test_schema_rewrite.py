@@ -13,7 +13,7 @@ from cdsl_struct.constraints.schema_rewrite import rewrite_schema
 from cdsl_struct.constraints.schema_rewrite.regexes import complement_of_strings, literal_alternatives
 from cdsl_struct.errors import UnsupportedFeature
 
-EXAMPLES = 30  # per rule; `cdsl-struct bench fuzz-rewrite` runs the larger fuzz
+EXAMPLES = 30  # per rule; `python -m benchmarks fuzz-rewrite` runs the larger fuzz
 DRAFT7 = "http://json-schema.org/draft-07/schema#"
 DRAFT4 = "http://json-schema.org/draft-04/schema#"
 
