@@ -54,6 +54,7 @@ from .rewards import KeywordCoverage, Reward, WeightedMean
 from .rewards.base import as_reward
 from .streaming import AsyncTextStream, PartialValues, TextDeltas, TextStream, legacy_stream, partial_reader
 from .tools import InvalidToolCall, ToolCallsGrammar, ToolRequest, parse_tool_output, tool_request
+from .tools.formats import resolve_format
 
 FREE_TEXT = r"[\s\S]*"
 """The constraint of an unconstrained answer: any text (special tokens excluded), EOS anywhere."""
@@ -166,7 +167,9 @@ class Generator:
     start), True / ``"on"`` (where it cannot compile, a warning is logged and decoding runs
     eagerly) or ``"auto"`` (``serve``'s default: compile on the CPU where inductor finds a C++
     compiler, else eager). On a 2-core CPU its steps are 1.1-1.26x faster and the server one
-    request at a time 1.2x (BENCHMARKS.md).
+    request at a time 1.2x (BENCHMARKS.md). ``tool_format``: how tool calls are written, ``"auto"``
+    (the format of the model's chat template: ``tools.formats.detect_format``) or a name in
+    ``tools.formats.FORMATS`` (``hermes``, ``llama3``, ``mistral``, ``gemma``, ``generic``).
     """
 
     def __init__(self, model: str | LoadedModel = "smollm2", *, draft: str | None = "auto",
@@ -174,7 +177,7 @@ class Generator:
                  k: int = 6, device: Any = "auto", dtype: Any = "auto", max_batch_size: int = 32,
                  kv_budget_gb: float | None = None, extra_properties: bool = False,
                  max_prompt_tokens: int | None = None, loop_guard: bool = True,
-                 torch_compile: bool | str = False) -> None:
+                 torch_compile: bool | str = False, tool_format: str = "auto") -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         compile_mode(torch_compile)  # a bad value fails before minutes of loading
@@ -187,6 +190,7 @@ class Generator:
         self.whitespace = whitespace
         self.compile_timeout = compile_timeout
         self.extra_properties = extra_properties
+        self.tool_format = resolve_format(tool_format, self.tokenizer)
         self.max_prompt_tokens = max_prompt_tokens
         self.loop_guard = loop_guard
         self.k = k
@@ -427,7 +431,7 @@ class Generator:
                 raise InvalidArgument(f"method {chosen.value!r} does not take penalties or logprobs",
                                       param="logprobs" if params.logprobs is not None else "presence_penalty")
         with _argument("tools", "tool_choice"):
-            calls = tool_request(tools, tool_choice, parallel_tool_calls)
+            calls = tool_request(tools, tool_choice, parallel_tool_calls, self.tool_format)
         spec = _answer_spec(schema=schema, regex=regex, choices=choices, grammar=grammar)
         system = None
         if calls is not None:

@@ -11,17 +11,19 @@ from .tools.definitions import CALL_MARKER, RESULT_CLOSE, RESULT_OPEN
 ROLES = ("system", "user", "assistant", "tool")
 
 
-def normalise_messages(messages: Sequence[Any], *, results_as_user: bool = False) -> list[dict[str, str]]:
+def normalise_messages(messages: Sequence[Any], *, results_as_user: bool = False,
+                       tool_format: Any = None) -> list[dict[str, str]]:
     """Messages as ``{"role", "content"}`` dicts with text content.
 
     Content may be a string, None, or a list of ``{"type": "text", "text": ...}`` parts. An
     assistant message's ``tool_calls`` (OpenAI format) are written the way the model is told to
     write calls (``<tool_call>{"name": ..., "arguments": ...}``), so earlier calls read as the
-    model's own. ``tool`` messages (results) stay as they are for the chat template to show, as
-    vLLM does; ``results_as_user`` (for templates without a ``tool`` role) writes them in the
-    hermes convention that ``CALL_MARKER`` follows instead: ``<tool_response>{"name": ...,
-    "content": ...}</tool_response>`` (the name found by ``tool_call_id``) in one user turn with
-    the results beside them and a user message right after. ``ValueError`` on anything else.
+    model's own (in ``tool_format``, a ``tools.formats.ToolFormat``, when given). ``tool`` messages
+    (results) stay as they are for the chat template to show, as vLLM does; ``results_as_user``
+    (for templates without a ``tool`` role) writes them in the hermes convention that
+    ``CALL_MARKER`` follows instead: ``<tool_response>{"name": ..., "content": ...}</tool_response>``
+    (the name found by ``tool_call_id``) in one user turn with the results beside them and a user
+    message right after. ``ValueError`` on anything else.
     """
     if not messages:
         raise ValueError("messages must not be empty")
@@ -51,7 +53,7 @@ def normalise_messages(messages: Sequence[Any], *, results_as_user: bool = False
         results_turn = None
         calls = message.get("tool_calls")
         if role == "assistant" and calls:
-            content += "".join(_written_call(call, i, names) for call in calls)
+            content += _written_calls(calls, i, names, tool_format)
         normalised.append({"role": role, "content": content})
     return normalised
 
@@ -75,6 +77,18 @@ def _text_content(content: Any, index: int) -> str:
                 raise ValueError(f"message {index}: only text content parts are supported, got {part!r}")
         return "".join(parts)
     raise ValueError(f"message {index}: content must be a string, a list of text parts or None")
+
+
+def _written_calls(calls: Sequence[Any], index: int, names: dict[str, str], tool_format: Any) -> str:
+    """An assistant message's calls as the model writes them in ``tool_format`` (a ``ToolFormat``;
+    None: the generic ``<tool_call>`` layout); notes their ids."""
+    if tool_format is None:
+        return "".join(_written_call(call, index, names) for call in calls)
+    written = [_call_as_json(call, index) for call in calls]
+    for call, call_json in zip(calls, written, strict=True):
+        if isinstance(call.get("id"), str):
+            names[call["id"]] = call_json["name"]
+    return tool_format.written(written)
 
 
 def _written_call(call: Any, index: int, names: dict[str, str]) -> str:
@@ -138,9 +152,10 @@ def prompt_ids(tokenizer: Any, prompt: str | Sequence[Any], *, chat: bool = True
     elif not isinstance(prompt, Sequence):
         raise ValueError(f"a prompt is a string or a list of messages, got {type(prompt).__name__}")
     after_results = getattr(system, "after_results", None) if ends_with_results(prompt) else None
-    renderings = [normalise_messages(prompt)]
+    tool_format = getattr(system, "tool_format", None)  # a ToolPrompt's: earlier calls in its format
+    renderings = [normalise_messages(prompt, tool_format=tool_format)]
     if any(isinstance(m, dict) and m.get("role") == "tool" for m in prompt):
-        renderings.append(normalise_messages(prompt, results_as_user=True))
+        renderings.append(normalise_messages(prompt, results_as_user=True, tool_format=tool_format))
     if system:
         renderings = [with_system(messages, system) for messages in renderings]
     if after_results:

@@ -117,9 +117,12 @@ class StructuralTag(Grammar):
 
     # --- the grammar ---------------------------------------------------------------------------
 
-    def lark(self, policy: WhitespacePolicy) -> str:
-        """The main grammar in llguidance's Lark dialect (grammar contents as ``@tag_K``)."""
-        alternatives = " | ".join(f"OPEN_{i} after_{i}" for i in range(len(self.triggers)))
+    def lark(self, policy: WhitespacePolicy, specials: Mapping[str, int] | None = None) -> str:
+        """The main grammar in llguidance's Lark dialect (grammar contents as ``@tag_K``). ``specials``:
+        texts of the vocabulary's special tokens in the triggers, begins and ends (see
+        ``special_tokens_in``), which may then be written as those tokens too."""
+        specials = specials or {}
+        alternatives = " | ".join(f"open_{i} after_{i}" for i in range(len(self.triggers)))
         if self.stop_after_first:
             start = "piece" if self.at_least_one else "TEXT | piece"
         else:
@@ -129,32 +132,36 @@ class StructuralTag(Grammar):
             tags = [k for k, tag in enumerate(self.tags) if self.trigger_of(tag) == trigger]
             lines.append(f"after_{i}: " + " | ".join(f"tag_{k}" for k in tags))
             lines.append(f"OPEN_{i}: {text_then(trigger, self.triggers)}")
+            token = specials.get(trigger)
+            lines.append(f"open_{i}: OPEN_{i}" + (f" | TEXT <[{token}]>" if token is not None else ""))
         for k, tag in enumerate(self.tags):
             rest = tag.begin[len(self.trigger_of(tag)):]
-            lines.extend(self._tag_rules(k, tag, rest, policy))
+            lines.extend(self._tag_rules(k, tag, rest, policy, specials))
         lines.append(f"TEXT: {text_without(self.triggers)}")
         return "\n".join(lines) + "\n"
 
     @staticmethod
-    def _tag_rules(k: int, tag: Tag, rest: str, policy: WhitespacePolicy) -> list[str]:
-        head = f"{json.dumps(rest, ensure_ascii=False)} " if rest else ""
-        tail = f" {json.dumps(tag.end, ensure_ascii=False)}" if tag.end else ""
+    def _tag_rules(k: int, tag: Tag, rest: str, policy: WhitespacePolicy, specials: Mapping[str, int]) -> list[str]:
+        head = f"{lark_literal(rest, specials=specials)} " if rest else ""
+        tail = f" {lark_literal(tag.end, specials=specials)}" if tag.end else ""
         content = tag.content
         if isinstance(content, JsonSchema):
             return [f"tag_{k}: {head}content_{k}{tail}", f"content_{k}: %json {embedded_json(content.schema, policy)}"]
         if isinstance(content, Regex):
             pattern = lark_regex(content.engine_pattern)
-            if tag.end:  # ends at the first place the regex matches with the end after it
-                return [f"tag_{k}: {head}content_{k}", f"content_{k}[lazy]: {pattern}{tail}"]
+            if tag.end:  # ends at the first place the regex matches with the end after it (spelled out)
+                end = json.dumps(tag.end, ensure_ascii=False)
+                return [f"tag_{k}: {head}content_{k}", f"content_{k}[lazy]: {pattern} {end}"]
             return [f"tag_{k}: {head}CONTENT_{k}", f"CONTENT_{k}: {pattern}"]
         return [f"tag_{k}: {head}@tag_{k}{tail}"]
 
-    def engine_grammar(self, policy: WhitespacePolicy) -> str:
+    def engine_grammar(self, policy: WhitespacePolicy, vocabulary: Any = None) -> str:
         """What llguidance compiles: the Lark grammar, with the grammar contents beside it as named
         grammars of one top-level grammar when there are any."""
         import llguidance
 
-        main = self.lark(policy)
+        texts = [*self.triggers, *(t.begin for t in self.tags), *(t.end for t in self.tags)]
+        main = self.lark(policy, special_tokens_in(vocabulary, texts) if vocabulary is not None else None)
         subs = [{"name": f"tag_{k}", "lark_grammar": tag.content.text}
                 for k, tag in enumerate(self.tags) if isinstance(tag.content, Grammar)]
         if not subs:
@@ -291,6 +298,36 @@ def text_then(trigger: str, triggers: Sequence[str]) -> str:
     """A Lark terminal body: text that holds none of ``triggers``, then ``trigger``, as one lexeme
     (the lexer cannot end the text anywhere else)."""
     return f"/(?s:.*){_literal_regex(trigger)}/ & ~/(?s:.*{_any_of(triggers)}(?s:.+))/"
+
+
+def special_tokens_in(vocabulary: Any, texts: Sequence[str]) -> dict[str, int]:
+    """The special tokens of ``vocabulary`` whose text occurs in one of ``texts`` (Qwen 3's
+    ``<tool_call>``), by text: a model writes such a marker as that one token, which a grammar must
+    name to allow (llguidance never lets special tokens through otherwise)."""
+    found: dict[str, int] = {}
+    for token_id in sorted(vocabulary.special_ids):
+        raw = vocabulary.token_bytes[token_id]
+        if len(raw) < 3:
+            continue
+        text = raw.decode("utf-8", errors="replace")
+        if text not in found and any(text in piece for piece in texts):
+            found[text] = token_id
+    return found
+
+
+def lark_literal(text: str, *, specials: Mapping[str, int]) -> str:
+    """``text`` as Lark: a string, where a special token's text inside it (``specials``) may be
+    written as that token or spelled out."""
+    if not specials:
+        return json.dumps(text, ensure_ascii=False)
+    pattern = "|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True))
+    parts = []
+    for piece in re.split(f"({pattern})", text):
+        if piece in specials:
+            parts.append(f"({json.dumps(piece, ensure_ascii=False)} | <[{specials[piece]}]>)")
+        elif piece:
+            parts.append(json.dumps(piece, ensure_ascii=False))
+    return " ".join(parts)
 
 
 def embedded_json(schema: Any, policy: WhitespacePolicy) -> str:

@@ -189,7 +189,7 @@ class _Service:
     async def _events(self, first: Any, items: AsyncIterator[Any], call: GenerateCall, writer: ChunkWriter,
                       include_usage: bool, cancel: threading.Event, started: float,
                       watcher: asyncio.Future) -> AsyncIterator[str]:
-        calls = CallStream() if call.tool_mode and writer.chat else None
+        calls = CallStream(getattr(self.generator, "tool_format", None)) if call.tool_mode and writer.chat else None
         if writer.chat:
             yield writer.delta({"role": "assistant", "content": None if calls else ""})
         result, first_at, streamed = None, None, ""
@@ -333,10 +333,10 @@ def serve(host: str = "127.0.0.1", port: int = 8000, model: str = "smollm2", dra
           log_level: str = "info",
           device: Any = "auto", dtype: Any = "auto", max_batch_size: int = 32, extra_properties: bool = False,
           max_prompt_tokens: int | None = None, torch_compile: bool | str = SERVE_TORCH_COMPILE,
-          **options: Any) -> None:
+          tool_format: str = "auto", **options: Any) -> None:
     """Load ``model`` (with ``draft``) once on ``device`` and serve it on ``host:port`` until interrupted
     (``torch_compile``: ``Generator``'s option, ``"auto"`` here: the batched forward compiles before the
-    server listens where that is measured to pay).
+    server listens where that is measured to pay; ``tool_format``: ``Generator``'s option too).
 
     ``options``: ``ServerConfig`` fields; ``api_key`` defaults to the ``CDSL_STRUCT_API_KEY``
     environment variable.
@@ -350,7 +350,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000, model: str = "smollm2", dra
     generator = Generator(model, draft=draft, backend=backend, whitespace=whitespace, loop_guard=loop_guard,
                           compile_timeout=compile_timeout, device=device, dtype=dtype, max_batch_size=max_batch_size,
                           extra_properties=extra_properties, max_prompt_tokens=max_prompt_tokens,
-                          torch_compile=torch_compile)
+                          torch_compile=torch_compile, tool_format=tool_format)
     load = generator.load()
     runner = "ragged runner" if load.ragged_runner else "padded runner"
     if load.runner_fallback:

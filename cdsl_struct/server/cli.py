@@ -9,6 +9,7 @@ from typing import Any
 
 from ..generate_cli import add_device_arguments
 from ..options import BACKENDS, SERVE_TORCH_COMPILE, add_output_options, add_torch_compile_option
+from ..tools.formats import FORMAT_NAMES
 from .auth import API_KEY_ENV
 
 INSTALL_HINT = "cdsl-struct serve needs the server extra: pip install 'cdsl_struct[server]'"
@@ -61,6 +62,9 @@ def add_serve_parser(commands: Any) -> argparse.ArgumentParser:
     serve.add_argument("--allow-extra-properties", action="store_true",
                        help="decode JSON schemas exactly as given; by default objects that list properties "
                             "get no undeclared keys (as in Outlines, XGrammar and vLLM)")
+    serve.add_argument("--tool-format", default="auto", choices=FORMAT_NAMES,
+                       help="how tool calls are written: auto (the format of the model's chat template), or "
+                            "hermes, llama3, mistral, gemma, generic (default auto)")
     serve.add_argument("--api-key", default=None,
                        help=f"require 'Authorization: Bearer KEY' on /v1 (default: ${API_KEY_ENV}, else none)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
@@ -115,7 +119,7 @@ def run_serve(args: argparse.Namespace) -> int:
           whitespace=args.whitespace, loop_guard=args.loop_guard, compile_timeout=args.compile_timeout,
           log_level=args.log_level,
           extra_properties=args.allow_extra_properties, max_prompt_tokens=args.max_prompt_tokens,
-          torch_compile=args.torch_compile,
+          torch_compile=args.torch_compile, tool_format=args.tool_format,
           max_request_bytes=args.max_request_bytes, queue_limit=args.queue_limit,
           default_max_tokens=args.default_max_tokens, limits=limits, request_timeout=args.request_timeout,
           api_key=args.api_key or os.environ.get(API_KEY_ENV) or None, shutdown_grace=args.shutdown_grace)

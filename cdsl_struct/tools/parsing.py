@@ -1,14 +1,15 @@
 """From output text back to tool calls: whole (``parse_tool_output``) or as it streams (``CallStream``).
 
-The output is text, then calls, each written ``<tool_call>{"name": ..., "arguments": {...}}``
-(see ``grammar``). ``CallStream`` reads it delta by delta the way OpenAI streams a message:
-content deltas while text is written, then per call a first delta with its id and name and
-then fragments of its arguments string. A marker is never shown as content: text that could
-still become the marker is held back until it cannot.
+The output is text, then calls written in the request's format (``tools.formats``: the trigger and
+open, each call's JSON, separators, the close; see ``grammar``). ``CallStream`` reads it delta by
+delta the way OpenAI streams a message: content deltas while text is written, then per call a
+first delta with its id and name and then fragments of its arguments string. A trigger is never
+shown as content: text that could still become the trigger is held back until it cannot.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -17,11 +18,16 @@ from typing import Any
 import jsonschema
 
 from ..errors import InvalidToolCall
-from .definitions import CALL_MARKER, ToolCall, new_call_id
+from .definitions import ToolCall, new_call_id
+from .formats import GENERIC, ToolFormat
 from .request import ToolRequest
 
 _NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
-_ARGUMENTS_KEY = re.compile(r'\s*,\s*"arguments"\s*:\s*')
+
+
+@functools.lru_cache(maxsize=16)
+def _arguments_key(key: str) -> re.Pattern[str]:
+    return re.compile(r'\s*,\s*"' + re.escape(key) + r'"\s*:\s*')
 
 
 @dataclass
@@ -51,38 +57,72 @@ class _Call:
 
 @dataclass
 class CallStream:
-    """Incremental reader of a tool-call output. ``push(delta)`` returns ``(content, call_deltas)``."""
+    """Incremental reader of a tool-call output in ``format`` (the generic one unless given).
+    ``push(delta)`` returns ``(content, call_deltas)``."""
 
+    format: ToolFormat | None = None
     content: str = ""
     calls: list[_Call] = field(default_factory=list)
     _held: str = ""
+    _between: bool = False  # a call just ended: a separator or the close comes next
+    _done: bool = False  # the close was read: nothing follows
+
+    def __post_init__(self) -> None:
+        if self.format is None:
+            self.format = GENERIC
 
     def push(self, delta: str) -> tuple[str, list[CallDelta]]:
         """The content text and call pieces that ``delta`` completes."""
         shown, pieces = "", []
         text = self._held + delta
         self._held = ""
-        while text:
+        fmt = self.format or GENERIC
+        while text and not self._done:
             call = self.calls[-1] if self.calls and not self.calls[-1].closed else None
-            if call is None:
-                found = text.find(CALL_MARKER)
-                if found < 0:
-                    keep = len(text) if self.calls else _marker_prefix_at_end(text)  # after calls: only markers
-                    shown += text[:len(text) - keep]
-                    self._held = text[len(text) - keep:]
-                    break
-                shown += text[:found]
-                text = text[found + len(CALL_MARKER):]
-                self.calls.append(_Call(id=new_call_id()))
+            if call is not None:
+                text = self._advance(call, text, pieces)
+                self._between = call.closed
                 continue
-            text = self._advance(call, text, pieces)
+            if self._between:
+                text = self._after_call(text)
+                continue
+            if self.calls:  # between calls a separator started a call; anything else ends them
+                break
+            found = text.find(fmt.trigger)
+            if found < 0:
+                keep = _prefix_at_end(text, fmt.trigger)
+                shown += text[:len(text) - keep]
+                self._held = text[len(text) - keep:]
+                break
+            shown += text[:found]
+            text = text[found:]
+            if not fmt.trigger_in_call:
+                if not text.startswith(fmt.open) and fmt.open.startswith(text):
+                    self._held = text  # the open is not whole yet
+                    break
+                text = text[len(fmt.open) if text.startswith(fmt.open) else len(fmt.trigger):]
+            self.calls.append(_Call(id=new_call_id()))
         self.content += shown
         return shown, pieces
 
+    def _after_call(self, text: str) -> str:
+        """Read what follows a call: a separator (a new call starts) or the close (the end); the
+        start of either is held back until it is whole."""
+        fmt = self.format or GENERIC
+        self._between = False
+        if fmt.separator and text.startswith(fmt.separator):
+            self.calls.append(_Call(id=new_call_id()))
+            return text[len(fmt.separator):]
+        if fmt.separator.startswith(text) or (fmt.close.startswith(text) and text != fmt.close):
+            self._held, self._between = text, True
+            return ""
+        self._done = True
+        return ""
+
     def flush(self) -> str:
-        """Content held back as a possible marker start, once the output has ended."""
+        """Content held back as a possible trigger start, once the output has ended."""
         held, self._held = self._held, ""
-        if self.calls:  # after a call, held text is the start of a marker that never came
+        if self.calls:  # after a call, held text is the close or a separator that never came
             return ""
         self.content += held
         return held
@@ -101,7 +141,7 @@ class CallStream:
             call.head = found.end()
         if not call.arguments_started:
             call.text += text
-            found = _ARGUMENTS_KEY.match(call.text, call.head)
+            found = _arguments_key((self.format or GENERIC).arguments_key).match(call.text, call.head)
             if not found:
                 return ""
             call.arguments_started = True
@@ -143,10 +183,10 @@ class CallStream:
             pieces.append(CallDelta(index, arguments=fragment))
 
 
-def _marker_prefix_at_end(text: str) -> int:
-    """The length of the longest suffix of ``text`` that is a proper prefix of the marker."""
-    for size in range(min(len(text), len(CALL_MARKER) - 1), 0, -1):
-        if CALL_MARKER.startswith(text[-size:]):
+def _prefix_at_end(text: str, marker: str) -> int:
+    """The length of the longest suffix of ``text`` that is a proper prefix of ``marker``."""
+    for size in range(min(len(text), len(marker) - 1), 0, -1):
+        if marker.startswith(text[-size:]):
             return size
     return 0
 
@@ -165,7 +205,10 @@ def parse_tool_output(request: ToolRequest, text: str, *, complete: bool,
     into valid calls, else ``InvalidToolCall``; an incomplete one (cut by ``max_tokens``) gives the
     calls written so far, the last with ``arguments=None`` and its partial ``arguments_text``.
     ``ids``: the call ids to use (those already streamed), in order."""
-    stream = CallStream()
+    fmt = request.format
+    if fmt.trigger_in_call and complete and _is_answer(request, text):
+        return ToolOutput(text, [])  # a JSON answer that opens like a call (``{"name": "...``)
+    stream = CallStream(fmt)
     stream.push(text)
     stream.flush()
     content = stream.content
@@ -195,7 +238,7 @@ def _validated(request: ToolRequest, text: str, call_id: str) -> ToolCall:
         raise InvalidToolCall(f"tool call is not JSON: {exc.msg}") from None
     if not isinstance(data, dict) or data.get("name") not in request.allowed:
         raise InvalidToolCall(f"not a call of an allowed tool: {data!r}")
-    arguments = data.get("arguments")
+    arguments = data.get(request.format.arguments_key)
     schema = request.parameters(data["name"])
     validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     errors = sorted(validator(schema).iter_errors(arguments), key=lambda e: list(e.absolute_path))
@@ -203,3 +246,14 @@ def _validated(request: ToolRequest, text: str, call_id: str) -> ToolCall:
         raise InvalidToolCall(f"{data['name']}: invalid arguments: {errors[0].message}")
     return ToolCall(data["name"], arguments, id=call_id,
                     arguments_text=json.dumps(arguments, ensure_ascii=False))
+
+
+def _is_answer(request: ToolRequest, text: str) -> bool:
+    """Whether ``text`` is one JSON value that is not a call of the request's tools (in a format whose
+    call is bare JSON, an answer in an answer format can start as a call does)."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    key = request.format.arguments_key
+    return not (isinstance(data, dict) and set(data) == {"name", key} and data["name"] in request.allowed)

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .definitions import CALL_MARKER, normalise_tools
+from .definitions import normalise_tools
+from .formats import GENERIC, ToolFormat
 
 
 class ToolPrompt(str):
@@ -20,10 +21,13 @@ class ToolPrompt(str):
     """
 
     after_results: str | None
+    tool_format: ToolFormat | None
+    """The format earlier calls in the conversation are written in (``prompts``)."""
 
-    def __new__(cls, text: str, after_results: str | None = None) -> ToolPrompt:
+    def __new__(cls, text: str, after_results: str | None = None, tool_format: ToolFormat | None = None) -> ToolPrompt:
         prompt = super().__new__(cls, text)
         prompt.after_results = after_results
+        prompt.tool_format = tool_format
         return prompt
 
 
@@ -34,6 +38,7 @@ class ToolRequest:
     ``mode``: ``"auto"`` (text or calls) or ``"call"`` (at least one call is required).
     ``parallel``: one or more calls (each after its own marker) instead of exactly one.
     ``named``: ``tool_choice`` named the one tool to call (OpenAI then finishes with ``stop``).
+    ``format``: how the calls are written (``tools.formats``; the generic one unless told).
     """
 
     tools: tuple[dict[str, Any], ...]
@@ -41,16 +46,18 @@ class ToolRequest:
     mode: str
     parallel: bool
     named: bool = False
+    format: ToolFormat = GENERIC
 
     @property
     def call_schema(self) -> dict[str, Any]:
-        """The JSON Schema of one call after the marker: ``{"name": ..., "arguments": {...}}``."""
+        """The JSON Schema of one call: ``{"name": ..., "arguments": {...}}`` (the format's arguments key)."""
         definitions: dict[str, Any] = {}
         branches = []
         for name in self.allowed:
             arguments = _hoist_definitions(self.parameters(name), name, definitions)
-            branches.append({"type": "object", "properties": {"name": {"const": name}, "arguments": arguments},
-                             "required": ["name", "arguments"], "additionalProperties": False})
+            key = self.format.arguments_key
+            branches.append({"type": "object", "properties": {"name": {"const": name}, key: arguments},
+                             "required": ["name", key], "additionalProperties": False})
         call = branches[0] if len(branches) == 1 else {"anyOf": branches}
         return {**call, "$defs": definitions} if definitions else call
 
@@ -67,13 +74,13 @@ class ToolRequest:
         Its ``after_results`` says what to do once results are in: answer, or call another function.
         """
         described = [self._describe(t) for t in self.tools if t["function"]["name"] in self.allowed]
-        shape = f'{CALL_MARKER}{{"name": <function name>, "arguments": <JSON object of arguments>}}'
+        shape = self.format.shape()
         lines = ["You can call these functions:", *described, "", f"To call a function, reply with {shape}."]
         if self.parallel:
-            lines.append(f"To call several functions, write one {CALL_MARKER} block after another.")
+            lines.append(self.format.several())
         if self.mode == "call":
             lines.append("You must call a function now.")
-            return ToolPrompt("\n".join(lines))
+            return ToolPrompt("\n".join(lines), tool_format=self.format)
         if answer_format is not None:
             lines.append("Otherwise, answer with JSON matching this schema: "
                          + json.dumps(answer_format, ensure_ascii=False))
@@ -83,7 +90,7 @@ class ToolRequest:
             answer = "answer in plain text"
         return ToolPrompt("\n".join(lines),
                           after_results=f"If the results answer the user's request, {answer}. "
-                                        "Otherwise, call another function.")
+                                        "Otherwise, call another function.", tool_format=self.format)
 
     @staticmethod
     def _describe(tool: dict[str, Any]) -> str:
@@ -122,12 +129,13 @@ def _hoist_definitions(parameters: dict[str, Any], tool: str, definitions: dict[
 
 
 def tool_request(tools: Sequence[Any] | None, tool_choice: Any = "auto",
-                 parallel_tool_calls: bool = True) -> ToolRequest | None:
+                 parallel_tool_calls: bool = True, tool_format: ToolFormat = GENERIC) -> ToolRequest | None:
     """Resolve ``tools`` and ``tool_choice``; None when no call can be made (no tools, ``"none"``).
 
     ``tool_choice``: ``"auto"``, ``"required"``, ``"none"``, a tool's name, or
     ``{"type": "function", "function": {"name": ...}}``. ``parallel_tool_calls`` (default true,
-    as OpenAI) allows more than one call. ``ValueError`` on anything else or an unknown name.
+    as OpenAI) allows more than one call. ``tool_format``: how calls are written (``tools.formats``).
+    ``ValueError`` on anything else or an unknown name.
     """
     normalised = normalise_tools(tools)
     if tool_choice is None:
@@ -148,7 +156,8 @@ def tool_request(tools: Sequence[Any] | None, tool_choice: Any = "auto",
     names = tuple(t["function"]["name"] for t in normalised)
     if tool_choice in ("auto", "required"):
         return ToolRequest(tuple(normalised), names, "auto" if tool_choice == "auto" else "call",
-                           bool(parallel_tool_calls))
+                           bool(parallel_tool_calls), format=tool_format)
     if tool_choice not in names:
         raise ValueError(f"tool_choice names {tool_choice!r}, which is not among the tools ({', '.join(names)})")
-    return ToolRequest(tuple(normalised), (tool_choice,), "call", bool(parallel_tool_calls), named=True)
+    return ToolRequest(tuple(normalised), (tool_choice,), "call", bool(parallel_tool_calls), named=True,
+                       format=tool_format)

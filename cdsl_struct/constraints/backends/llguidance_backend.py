@@ -67,7 +67,7 @@ def _json_options(whitespace: WhitespacePolicy) -> dict[str, Any]:
     return options
 
 
-def _grammar_for(spec: ConstraintSpec, whitespace: WhitespacePolicy) -> str:
+def _grammar_for(spec: ConstraintSpec, whitespace: WhitespacePolicy, vocabulary: TokenVocabulary | None = None) -> str:
     if isinstance(spec, JsonSchema):
         return llguidance.LLMatcher.grammar_from_json_schema(spec.schema, overrides=_json_options(whitespace))
     if isinstance(spec, (Regex, Choice)):
@@ -75,7 +75,7 @@ def _grammar_for(spec: ConstraintSpec, whitespace: WhitespacePolicy) -> str:
     if isinstance(spec, Grammar):
         engine_grammar = getattr(spec, "engine_grammar", None)  # a grammar that embeds others (structural tags)
         if callable(engine_grammar):
-            return engine_grammar(whitespace)
+            return engine_grammar(whitespace, vocabulary)
         return llguidance.LLMatcher.grammar_from_lark(spec.text)
     raise CompileError(f"llguidance cannot compile {type(spec).__name__}")
 
@@ -153,7 +153,7 @@ class LLGuidanceBackend(Backend):
     ) -> LLGuidanceProgram:
         tokenizer = vocabulary.engine_object(NAME, _ll_tokenizer)
         try:
-            grammar = _grammar_for(spec, whitespace)
+            grammar = _grammar_for(spec, whitespace, vocabulary)
         except ValueError as exc:
             raise engine_error(str(exc), spec) from None
         matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
