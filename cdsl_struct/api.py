@@ -33,6 +33,7 @@ from .constraints import (
     TokenVocabulary,
     compile,
 )
+from .constraints.reasoning import Reasoning, with_reasoning
 from .constraints.specs import as_spec
 from .constraints.whitespace import DEFAULT_WHITESPACE
 from .decoding import DraftModelProposer, SamplingParams, build_proposers
@@ -52,7 +53,15 @@ from .prompts import prompt_ids
 from .result import DecodeStats, Result, parse_value
 from .rewards import KeywordCoverage, Reward, WeightedMean
 from .rewards.base import as_reward
-from .streaming import AsyncTextStream, PartialValues, TextDeltas, TextStream, legacy_stream, partial_reader
+from .streaming import (
+    AsyncTextStream,
+    PartialValues,
+    TextDeltas,
+    TextStream,
+    ThoughtDeltas,
+    legacy_stream,
+    partial_reader,
+)
 from .tools import InvalidToolCall, ToolCallsGrammar, ToolRequest, parse_tool_output, tool_request
 from .tools.formats import resolve_format
 
@@ -93,6 +102,8 @@ class _Call:
     system: str | None = None
     answer_format: ConstraintSpec | None = None
     """With tools: the spec of an answer that is not a call (``schema=`` beside ``tools``)."""
+    reasoning: Reasoning | None = None
+    """Think first, then answer under ``compiled`` (``reasoning=``)."""
 
     @property
     def penalties(self) -> Penalties | None:
@@ -237,7 +248,8 @@ class Generator:
                  choices: Sequence[str] | None = None, grammar: Any = None,
                  keywords: Sequence[str] | None = None, reward: Reward | Callable[..., float] | None = None,
                  tools: Sequence[Any] | None = None, tool_choice: Any = "auto", parallel_tool_calls: bool = True,
-                 params: GenerationParams | None = None, stream: bool = False, chat: bool = True,
+                 reasoning: Any = None, params: GenerationParams | None = None, stream: bool = False,
+                 chat: bool = True,
                  cancel: threading.Event | None = None, compile_timeout: float | None = None,
                  **overrides: Unpack[ParamOverrides]) -> Result:
         """Generate an answer to ``prompt`` under at most one hard constraint.
@@ -262,6 +274,13 @@ class Generator:
         calls (``value`` too, when the output is complete), ``content`` the text before them;
         a call cut by ``max_tokens`` is kept with its partial ``arguments_text``.
 
+        ``reasoning``: think first (``True``, a budget of thinking tokens, or a ``Reasoning``): the
+        output may open the model's thinking markers (``<think>``… read from its chat template) and
+        think freely for at most the budget (default: half of ``max_tokens``), after which the close
+        marker is forced; the constraint then holds for the answer. ``Result.reasoning`` holds the
+        thinking, ``text`` and ``value`` the answer; a stream yields the thinking as ``Thought``
+        deltas. Without it, a template that can turn thinking off (Qwen 3) is asked to.
+
         Soft constraints: ``keywords`` (keyword coverage, inflections count) and ``reward``
         (a ``Reward`` or ``fn(text, final) -> float`` in [0, 1]) steer CDLH/CDSL and combine with
         any hard constraint.
@@ -284,8 +303,8 @@ class Generator:
         """
         call, encoded, batch = self._prepare(
             prompt, schema=schema, regex=regex, choices=choices, grammar=grammar, keywords=keywords, reward=reward,
-            tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls, params=params, chat=chat,
-            compile_timeout=compile_timeout, **overrides)
+            tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls, reasoning=reasoning,
+            params=params, chat=chat, compile_timeout=compile_timeout, **overrides)
         if stream and batch:
             raise ValueError("stream=True takes one prompt, not a list of prompts")
         if stream or batch:
@@ -388,16 +407,19 @@ class Generator:
 
     def _prepare(self, prompt: Any, *, schema: Any = None, regex: Any = None, choices: Any = None,
                  grammar: Any = None, keywords: Any = None, reward: Any = None, tools: Any = None,
-                 tool_choice: Any = "auto", parallel_tool_calls: bool = True, params: GenerationParams | None = None,
-                 chat: bool = True, compile_timeout: float | None = None,
+                 tool_choice: Any = "auto", parallel_tool_calls: bool = True, reasoning: Any = None,
+                 params: GenerationParams | None = None, chat: bool = True, compile_timeout: float | None = None,
                  **overrides: Any) -> tuple[_Call, list[list[int]], bool]:
         """A request resolved (constraint compiled) and its prompts encoded: (call, prompts' ids, is_batch)."""
         chosen = GenerationParams.of(params, **overrides)
         call = self._resolve(chosen, schema=schema, regex=regex, choices=choices, grammar=grammar, keywords=keywords,
                              reward=reward, tools=tools, tool_choice=tool_choice,
                              parallel_tool_calls=parallel_tool_calls, compile_timeout=compile_timeout)
+        with _argument("reasoning"):
+            call = replace(call, reasoning=Reasoning.of(reasoning))
         prompts, batch = _split_batch(prompt)
-        return call, [self._encode(p, chat, call.system, chosen.max_tokens) for p in prompts], batch
+        thinking = call.reasoning is not None
+        return call, [self._encode(p, chat, call.system, chosen.max_tokens, thinking) for p in prompts], batch
 
     def _text_stream(self, call: _Call, prompt: list[int], cancel: threading.Event | None) -> TextStream:
         return TextStream(lambda emit, event: self._run(call, prompt, emit, event), cancel,
@@ -455,10 +477,11 @@ class Generator:
                        timeout=self.compile_timeout if timeout is None else timeout,
                        extra_properties=self.extra_properties)
 
-    def _encode(self, prompt: Any, chat: bool, system: str | None, max_tokens: int) -> list[int]:
+    def _encode(self, prompt: Any, chat: bool, system: str | None, max_tokens: int,
+                thinking: bool = False) -> list[int]:
         param = "prompt" if isinstance(prompt, str) else "messages"
         with _argument(param):
-            ids = prompt_ids(self.tokenizer, prompt, chat=chat, system=system)
+            ids = prompt_ids(self.tokenizer, prompt, chat=chat, system=system, thinking=thinking)
         if not ids:  # checked for every prompt before any decodes, whatever the method
             raise InvalidArgument("a request needs at least one prompt token; this prompt encodes to none",
                                   param=param)
@@ -484,13 +507,17 @@ class Generator:
 
     def _decode(self, call: _Call, prompt: list[int], emit: Emit | None,
                 cancel: threading.Event | None) -> Result:
-        compiled = call.compiled
+        compiled, thoughts = self._thinking(call, prompt)
         on_tokens = None
         if emit is not None:
             deltas, holdback = TextDeltas(self.vocabulary), StopHoldback(call.params.stop)
 
+            def send(text: str) -> None:
+                for piece in thoughts.push(text) if thoughts is not None else [text]:
+                    emit(piece)
+
             def on_tokens(tokens: list[int]) -> None:
-                emit(holdback.push(deltas.push(tokens)))
+                send(holdback.push(deltas.push(tokens)))
 
         proposers = [getattr(p, "fork", lambda p=p: p)() for p in self.proposers] \
             if call.method is Method.SPECULATIVE else []
@@ -500,9 +527,26 @@ class Generator:
                       strategy=self._strategy(call), on_budget=_budget_mode(call))
         result = self.engine.submit(row).wait()
         if emit is not None:
-            emit(holdback.push(deltas.flush()))
-            emit(holdback.finish(result.text))
+            send(holdback.push(deltas.flush()))
+            if thoughts is None:
+                emit(holdback.finish(result.text))
+            else:
+                send(holdback.finish(thoughts.written + result.text if thoughts.phase == "answer" else holdback.text))
+                for piece in thoughts.flush():
+                    emit(piece)
         return result
+
+    def _thinking(self, call: _Call, prompt: list[int]) -> tuple[CompiledConstraint, ThoughtDeltas | None]:
+        """The constraint a row of ``call`` decodes under (behind a thinking segment with
+        ``reasoning=``, which the prompt's end may have opened or closed) and its stream splitter."""
+        if call.reasoning is None:
+            return call.compiled, None
+        tail = self.vocabulary.decode(prompt[-64:]).decode("utf-8", errors="replace")
+        with _argument("reasoning"):
+            compiled = with_reasoning(call.compiled, call.reasoning, getattr(self.tokenizer, "chat_template", None),
+                                      tail, call.params.max_tokens)
+        spec = compiled.spec
+        return compiled, ThoughtDeltas(spec.open, spec.close, spec.phase)
 
     def _strategy(self, call: _Call) -> Any:
         guard = SENTENCE_GUARD if self.loop_guard else None

@@ -37,6 +37,9 @@ def add_generate_parser(commands: Any) -> argparse.ArgumentParser:
                                  "function_call)")
     gen.add_argument("--keywords", metavar="W1,W2",
                      help="comma-separated words the output should use (reward-steered: CDSL or CDLH)")
+    gen.add_argument("--reasoning", nargs="?", type=int, const=-1, default=None, metavar="BUDGET",
+                     help="think first (between the model's markers, at most BUDGET tokens; default half of "
+                          "--max-tokens), then answer under the constraint; the thinking goes to stderr")
     gen.add_argument("--model", default="smollm2",
                      help="model: smollm2 (embedded default), gemma3-270m, an HF id, a folder or a .gguf file")
     gen.add_argument("--draft", default="auto",
@@ -67,6 +70,7 @@ def add_device_arguments(parser: argparse.ArgumentParser) -> None:
 def run_generate(args: argparse.Namespace) -> int:
     """Run ``generate`` from parsed arguments; a one-line message and exit 2 on bad input."""
     from .api import cached_generator
+    from .streaming import Thought
 
     try:
         if args.tree and not args.grammar:
@@ -79,11 +83,13 @@ def run_generate(args: argparse.Namespace) -> int:
         if args.stream:
             with generator.stream(prompt, params=params_from_args(args), **kwargs) as stream:
                 for delta in stream:
-                    print(delta, end="", flush=True)
+                    print(delta, end="", flush=True, file=sys.stderr if isinstance(delta, Thought) else sys.stdout)
                 result = stream.result
             print()
         else:
             result = generator.generate(prompt, params=params_from_args(args), **kwargs)
+            if result.reasoning is not None:
+                print(f"[thinking] {result.reasoning.strip()}", file=sys.stderr)
             print(_shown(result, args) if result.complete else result.text)
     except (CdslError, ValueError, OSError) as exc:
         first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
@@ -124,6 +130,10 @@ def _constraint_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         kwargs["grammar"] = Grammar(args.grammar)  # read (and any unknown name refused) before the model loads
     if args.keywords:
         kwargs["keywords"] = [w.strip() for w in args.keywords.split(",") if w.strip()]
+    if args.reasoning is not None:
+        if args.reasoning < -1:
+            raise ValueError("--reasoning takes a budget of thinking tokens >= 0")
+        kwargs["reasoning"] = True if args.reasoning == -1 else args.reasoning
     return kwargs
 
 

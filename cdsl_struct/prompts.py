@@ -132,7 +132,7 @@ def with_system(messages: list[dict[str, str]], text: str) -> list[dict[str, str
 
 
 def prompt_ids(tokenizer: Any, prompt: str | Sequence[Any], *, chat: bool = True,
-               system: str | None = None) -> list[int]:
+               system: str | None = None, thinking: bool | None = None) -> list[int]:
     """Token ids of a prompt, ready for the assistant's reply.
 
     A string is one user message when ``chat`` is true and the tokenizer has a chat template,
@@ -143,6 +143,9 @@ def prompt_ids(tokenizer: Any, prompt: str | Sequence[Any], *, chat: bool = True
     When the messages end with tool results and ``system`` has an ``after_results`` instruction
     (a ``ToolPrompt``), that instruction follows the results as a system message, or, where the
     template refuses a system message there, ends the results' turn.
+
+    ``thinking``: for a template that can turn a model's thinking on and off (``enable_thinking``,
+    Qwen 3), which to ask for (None: the template's default).
     """
     if isinstance(prompt, str):
         if not (chat and getattr(tokenizer, "chat_template", None)):
@@ -167,10 +170,10 @@ def prompt_ids(tokenizer: Any, prompt: str | Sequence[Any], *, chat: bool = True
 
     for messages in renderings[:-1]:
         try:
-            return _templated(tokenizer, messages)
+            return _templated(tokenizer, messages, thinking)
         except TemplateError:
             pass
-    return _templated(tokenizer, renderings[-1])
+    return _templated(tokenizer, renderings[-1], thinking)
 
 
 def _followed_by(messages: list[dict[str, str]], instruction: str) -> list[list[dict[str, str]]]:
@@ -181,6 +184,8 @@ def _followed_by(messages: list[dict[str, str]], instruction: str) -> list[list[
             [*messages[:-1], {**last, "content": f"{last['content']}\n\n{instruction}"}]]
 
 
-def _templated(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+def _templated(tokenizer: Any, messages: list[dict[str, str]], thinking: bool | None = None) -> list[int]:
+    switch = {} if thinking is None or "enable_thinking" not in (tokenizer.chat_template or "") \
+        else {"enable_thinking": thinking}
+    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **switch)
     return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)

@@ -162,6 +162,7 @@ class _Masks:
         self._lock = threading.Lock()
         self._thinking: dict[int, np.ndarray] = {}
         self._prefixes: dict[bytes, np.ndarray] = {}
+        self._spelled: dict[bytes, int] = {}
         by_bytes: dict[bytes, list[int]] = {}
         for token, piece in enumerate(vocabulary.token_bytes):
             if piece:
@@ -180,6 +181,21 @@ class _Masks:
     def prefix_tokens(self, remaining: bytes) -> list[int]:
         """Tokens that spell a non-empty prefix of ``remaining`` (how a marker may go on)."""
         return [t for k in range(1, len(remaining) + 1) for t in self._by_bytes.get(remaining[:k], ())]
+
+    def spelled(self, remaining: bytes) -> int:
+        """The first token of ``remaining`` as the tokenizer writes it (a forced marker's next token)."""
+        with self._lock:
+            if remaining not in self._spelled:
+                ids = self.vocabulary.encode(remaining.decode("utf-8", errors="replace"))
+                first = ids[0] if ids and remaining.startswith(self.vocabulary.token_bytes[ids[0]]) else None
+                self._spelled[remaining] = first if first is not None else self.prefix_tokens(remaining)[-1]
+            return self._spelled[remaining]
+
+    def only(self, token: int) -> np.ndarray:
+        """Mask words allowing ``token`` alone."""
+        words = np.zeros(self.words, dtype=np.int32)
+        words[token // 32] = np.int32(np.uint32(1 << (token % 32)).view(np.int32))
+        return words
 
     def prefixes(self, remaining: bytes) -> np.ndarray:
         """Mask words allowing exactly ``prefix_tokens(remaining)``."""
@@ -286,10 +302,10 @@ class ReasoningState(ConstraintState):
     def _allows(self, phase: _Phase, token: int) -> bool:
         masks = self.plan.masks
         if phase.name == OPENING:
-            return token in masks.prefix_tokens(masks.open[phase.matched:])
+            return token == masks.spelled(masks.open[phase.matched:])
         if phase.name == THINKING:
             if self._at_budget(phase):
-                return token in masks.prefix_tokens(masks.close[phase.matched:])
+                return token == masks.spelled(masks.close[phase.matched:])
             return masks.allows_thinking(phase.matched, token)
         return token in masks.prefix_tokens(masks.open)  # BEFORE: the open marker's start
 
@@ -316,9 +332,9 @@ class ReasoningState(ConstraintState):
             return
         row = np.ctypeslib.as_array((ctypes.c_int32 * (nbytes // 4)).from_address(pointer))
         if phase.name == OPENING:
-            np.copyto(row, masks.prefixes(masks.open[phase.matched:]))
+            np.copyto(row, masks.only(masks.spelled(masks.open[phase.matched:])))
         elif phase.name == THINKING:
-            words = masks.prefixes(masks.close[phase.matched:]) if self._at_budget(phase) \
+            words = masks.only(masks.spelled(masks.close[phase.matched:])) if self._at_budget(phase) \
                 else masks.thinking(phase.matched)
             np.copyto(row, words)
         else:  # BEFORE: the answer's first tokens, or the open marker's
@@ -363,11 +379,12 @@ class ReasoningState(ConstraintState):
         phase, masks = self.phase, self.plan.masks
         if phase.name == ANSWER:
             return self.inner._engine_forced(limit)
-        if phase.name == OPENING:
-            return self.vocabulary.encode(masks.open[phase.matched:].decode(errors="ignore"))[:limit]
-        if phase.name == THINKING and self._at_budget(phase):
-            return self.vocabulary.encode(masks.close[phase.matched:].decode(errors="ignore"))[:limit]
-        return []
+        forced: list[int] = []
+        while len(forced) < limit and (phase.name == OPENING or (phase.name == THINKING and self._at_budget(phase))):
+            marker = masks.open if phase.name == OPENING else masks.close
+            forced.append(masks.spelled(marker[phase.matched:]))
+            phase = self._after(phase, forced[-1])
+        return forced
 
     def _engine_accepting(self) -> bool:
         if self.phase.name in (OPENING, THINKING):

@@ -153,7 +153,7 @@ class SuggestedWords:
         start: at the start, after a space, or after an opening quote or bracket, e.g. the first
         word of a JSON string) that the constraint allows after ``prefix`` within ``room`` tokens;
         ``logp`` is the masked distribution at that position."""
-        text = session.text_of(prefix)
+        text = session.answer_of(prefix)
         spellings = []
         for word in self.reward.suggestions(text):
             spellings.append(" " + word)
@@ -274,7 +274,7 @@ class GuidedDraft:
             if self.loop_guard is not None:
                 self.loop_guard.guard(choice[None], prefix)
             if self._spent is not None:
-                choice = self._spent.guard(session, session.text_of(prefix), choice)
+                choice = self._spent.guard(session, session.answer_of(prefix), choice)
             logp = torch.log_softmax(choice, dim=-1)
             finite = int(torch.isfinite(logp).sum())
             if finite == 0:
@@ -411,7 +411,7 @@ class CDSL:
             session.stats.loop_guarded += self.loop_guard.guard(masked, session.output, tokens)
         if self._spent is not None:
             for i in range(drafted + 1):
-                self._spent.guard(session, session.text_of(session.output + tokens[:i]), masked[i])
+                self._spent.guard(session, session.answer_of(session.output + tokens[:i]), masked[i])
         ends = state_ended(session.state, session.compiled)
         accepted, extra = verify(session, proposal, masked)
         agrees = [True] * accepted + [False] + self._judge(session, proposal, masked, start=accepted + 1)
@@ -419,7 +419,7 @@ class CDSL:
         if self.reward_on == "ending" and not ends:
             r = 1.0
         else:
-            r = self.reward(session.text_of(session.output + tokens), final=ends)
+            r = self.reward(session.answer_of(session.output + tokens), final=ends)
         passed_a, passed_r = a >= self.acceptance_threshold, r >= self.reward_threshold
         state = CDSL_STATES[0] if passed_a and passed_r else (
             "reject_acceptance" if passed_r else ("reject_reward" if passed_a else "reject_both"))
@@ -534,7 +534,7 @@ def optimistic_reward(session: Session, reward: Reward, tokens: list[int], ended
     """The reward of the output ``tokens``. Unfinished, it is credited ``optimism`` of what it may
     still earn, scaled by the share of ``max_tokens`` left after it: with no room left there is
     nothing more to earn, so an output near its budget is no longer kept from ending."""
-    score = reward(session.text_of(tokens), final=ended)
+    score = reward(session.answer_of(tokens), final=ended)
     if ended:
         return score
     left = max(session.max_tokens - len(tokens), 0) / session.max_tokens if session.max_tokens > 0 else 1.0

@@ -93,6 +93,12 @@ class Session:
         vocab = self.compiled.vocabulary
         return vocab.decode([t for t in tokens if t not in vocab.eos_token_ids]).decode("utf-8", errors="replace")
 
+    def answer_of(self, tokens: Sequence[int]) -> str:
+        """``text_of(tokens)`` without a reasoning row's thinking: the text a reward scores."""
+        text = self.text_of(tokens)
+        split = getattr(self.compiled.spec, "split", None)
+        return split(text)[1] if split is not None else text
+
     def current_mask(self) -> torch.Tensor:
         """A fresh copy of the mask at the current position."""
         row = allocate_bitmask(self.compiled.vocab_size)

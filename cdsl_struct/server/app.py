@@ -28,6 +28,7 @@ from ..constraints.whitespace import DEFAULT_WHITESPACE
 from ..errors import CompileTimeout
 from ..heap import freeze_loaded_objects
 from ..options import SERVE_TORCH_COMPILE
+from ..streaming import Thought
 from ..tools import CallStream
 from . import responses
 from .auth import API_KEY_ENV, ApiKeyAuth
@@ -196,7 +197,12 @@ class _Service:
         try:
             item = first
             while True:
-                if isinstance(item, str):
+                if isinstance(item, Thought):  # thinking: chat's reasoning_content; completions drop it
+                    if item and first_at is None:
+                        first_at = time.perf_counter()
+                    if writer.chat and item:
+                        yield writer.delta({"reasoning_content": str(item)})
+                elif isinstance(item, str):
                     if item and first_at is None:
                         first_at = time.perf_counter()
                     streamed += item

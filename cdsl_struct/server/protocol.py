@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..constraints.reasoning import Reasoning
 from ..constraints.specs import Grammar
 from ..errors import CdslError, InvalidArgument
 from ..options import ConflictingConstraints, one_constraint
@@ -226,6 +227,13 @@ class _GenerationRequest(_Model):
     on_budget: str | None = None
     """``close`` / ``cut`` / ``auto`` (``GenerationParams.on_budget``); a closed answer's choice
     says ``closed_by_budget: true``."""
+    reasoning: bool | int | dict[str, Any] | None = None
+    """Think first, then answer under the constraint (``generate(reasoning=)``: true, a budget of
+    thinking tokens, or ``{"budget", "open", "close", "required"}``); the thinking comes back as
+    ``reasoning_content``, as vLLM and DeepSeek's API give it."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """As vLLM reads it: ``{"enable_thinking": bool}`` turns reasoning on or off where
+    ``reasoning`` is not given (other keys are refused)."""
 
     def _check(self, limits: ServerLimits) -> None:
         if self.logit_bias:
@@ -316,7 +324,18 @@ class _GenerationRequest(_Model):
             raise APIError(400, str(exc), param=exc.param, code="invalid_value") from None
 
     def _extensions(self) -> dict[str, Any]:
-        return {"keywords": self.keywords} if self.keywords is not None else {}
+        given: dict[str, Any] = {"keywords": self.keywords} if self.keywords is not None else {}
+        template = self.chat_template_kwargs or {}
+        if set(template) - {"enable_thinking"}:
+            raise APIError(400, "chat_template_kwargs takes only enable_thinking here.",
+                           param="chat_template_kwargs", code="unsupported_parameter")
+        reasoning = self.reasoning if self.reasoning is not None else template.get("enable_thinking")
+        if reasoning is not None:
+            try:
+                given["reasoning"] = Reasoning.of(reasoning)
+            except InvalidArgument as exc:
+                raise APIError(400, str(exc), param="reasoning", code="invalid_value") from None
+        return given
 
     @property
     def include_usage(self) -> bool:

@@ -39,6 +39,8 @@ def chat_message(result: Any) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": result.content if calls else (result.content or "")}
     if calls:
         message["tool_calls"] = [call.to_openai() for call in calls]
+    if getattr(result, "reasoning", None) is not None:
+        message["reasoning_content"] = result.reasoning
     return message
 
 

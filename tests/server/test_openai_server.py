@@ -308,3 +308,23 @@ def test_a_json_answer_over_its_budget_is_closed_valid_and_says_so(client):
     assert cut.finish_reason == "length" and "closed_by_budget" not in (cut.model_extra or {})
     with pytest.raises(openai.BadRequestError, match="on_budget"):
         ask(client, prompt, response_format=fmt, max_tokens=24, extra_body={"on_budget": "later"})
+
+
+def test_reasoning_comes_back_as_reasoning_content(client):
+    think = {"reasoning": {"budget": 8, "required": True}}
+    answer = ask(client, PASSAGE, response_format=PERSON_FORMAT, max_tokens=80, temperature=0, extra_body=think)
+    message = answer.choices[0].message
+    jsonschema.validate(json.loads(message.content), PERSON)
+    assert message.model_extra["reasoning_content"] and "<think>" not in message.content
+    chunks = list(ask(client, PASSAGE, response_format=PERSON_FORMAT, max_tokens=80, temperature=0,
+                      extra_body=think, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    thought = "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas)
+    content = "".join(d.content or "" for d in deltas)
+    assert thought == message.model_extra["reasoning_content"] and content == message.content
+
+
+def test_a_bad_reasoning_extension_is_400(client):
+    with pytest.raises(openai.BadRequestError) as caught:
+        ask(client, "hi", extra_body={"reasoning": {"budget": -2}})
+    assert caught.value.body["param"] == "reasoning"
