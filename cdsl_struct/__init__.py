@@ -28,6 +28,7 @@ from .constraints import (
     apply_bitmask,
     compile,
 )
+from .constraints.reasoning import Reasoning
 from .errors import (
     CdslError,
     CompileError,
@@ -59,7 +60,7 @@ from .integrations import outlines_types as _outlines_types  # noqa: F401 - regi
 from .options import Method
 from .params import GenerationParams
 from .result import Result
-from .streaming import AsyncTextStream, TextStream
+from .streaming import AsyncTextStream, TextStream, Thought
 from .tools import ToolCall, tool_from_function
 
 if TYPE_CHECKING:
@@ -96,6 +97,7 @@ __all__ = [
     "ModelNotFound",
     "OutputInvalid",
     "PromptTooLong",
+    "Reasoning",
     "Regex",
     "RequestCancelled",
     "Result",
@@ -104,6 +106,7 @@ __all__ = [
     "StructuralTag",
     "Tag",
     "TextStream",
+    "Thought",
     "TokenVocabulary",
     "TokenizerNotFound",
     "ToolCall",

@@ -144,6 +144,8 @@ def check_generate(ns: dict[str, Any], values: Values) -> None:
     streamed = ns["s"]  # the with-block's TextStream, iterated to its end
     assert isinstance(streamed, cs.TextStream) and isinstance(ns["piece"], str)
     assert streamed.result.finish_reason in ("stop", "length") and streamed.result.text.endswith(ns["piece"])
+    thought, person_after = values.of("r2.reasoning, r2.value")  # "the thinking, then a Person"
+    assert isinstance(thought, str) and isinstance(person_after, person) and ns["r2"].finish_reason == "stop"
     answer = values.of("asyncio.run(gen.agenerate(")
     assert isinstance(answer, cs.Result) and answer.value in ("yes", "no")
 
