@@ -47,6 +47,7 @@ import jsonschema
 
 from cdsl_struct.bench import write_report
 from cdsl_struct.constraints import WhitespacePolicy, compile
+from cdsl_struct.constraints.reasoning import Reasoning
 from cdsl_struct.errors import CompileError
 
 from .extraction_tasks import family_tasks
@@ -57,6 +58,8 @@ SOURCES = ("families", "maskbench")
 TOKEN_BUDGET = 1.30
 """A default may write at most this many tokens per answer against the compact form of its value."""
 LENGTH_CUT_BUDGET = 0.01
+THOUGHT_MARKERS = 8
+"""Tokens a ``+thinkN`` setting adds to ``max_tokens`` beside N: the two markers, spelled out."""
 """A default may run at most this share of its answers to ``max_tokens``."""
 
 
@@ -102,14 +105,26 @@ class SettingRun:
 
 def parse_setting(name: str) -> tuple[str | None, bool]:
     """``"flexible"`` -> (the whitespace policy, loop guard on); ``"flexible+noguard"`` -> the
-    same with the loop guard off; ``"free"`` -> (None, True)."""
-    base, _, extra = name.partition("+")
-    if extra not in ("", "noguard"):
-        raise ValueError(f"unknown setting {name!r}: use free, a whitespace policy, or POLICY+noguard")
+    same with the loop guard off; ``"free"`` -> (None, True). ``+thinkN`` (see ``thinking_of``)
+    may follow either."""
+    base, *extras = name.split("+")
+    if any(extra != "noguard" and thinking_of(f"+{extra}") is None for extra in extras):
+        raise ValueError(f"unknown setting {name!r}: use free, a whitespace policy, or POLICY+noguard / +thinkN")
+    guard = "noguard" not in extras
     if base == "free":
-        return None, not extra
+        return None, guard
     WhitespacePolicy.parse(base)  # a bad or unbounded pattern fails here, before any decoding
-    return base, not extra
+    return base, guard
+
+
+def thinking_of(name: str) -> int | None:
+    """``"flexible+think64"`` -> 64: the answer comes after a thought of at most 64 tokens
+    (``reasoning=Reasoning(budget=64, required=True)``, with ``max_tokens`` raised by as much);
+    None without ``+thinkN``."""
+    for extra in name.split("+")[1:]:
+        if extra.startswith("think") and extra[5:].isdigit():
+            return int(extra[5:])
+    return None
 
 
 # --- scoring ------------------------------------------------------------------------------------
@@ -211,8 +226,10 @@ def _request(task: Task) -> dict[str, Any]:
     return {"regex": task.constraint}
 
 
-def answer_all(generator: Any, tasks: list[Task], config: QualityConfig, *, constrained: bool) -> list[Answer]:
-    """Answer every task (concurrent callers share the batched engine's steps)."""
+def answer_all(generator: Any, tasks: list[Task], config: QualityConfig, *, constrained: bool,
+               thinking: int | None = None) -> list[Answer]:
+    """Answer every task (concurrent callers share the batched engine's steps); with ``thinking``,
+    after a thought of at most that many tokens (scored on the answer alone)."""
     if not tasks:
         return []
     tokenizer = generator.tokenizer
@@ -220,7 +237,11 @@ def answer_all(generator: Any, tasks: list[Task], config: QualityConfig, *, cons
 
     def one(task: Task) -> Answer:
         request = _request(task) if constrained else {}
-        result = generator.generate(task.prompt, max_tokens=config.max_tokens, temperature=0.0, **request)
+        budget = config.max_tokens
+        if thinking is not None:
+            request["reasoning"] = Reasoning(budget=thinking, required=True)
+            budget += thinking + THOUGHT_MARKERS
+        result = generator.generate(task.prompt, max_tokens=budget, temperature=0.0, **request)
         tokens = [t for t in result.tokens if t not in eos]
         valid, correct = score(task, result.text, constrained)
         if constrained:
@@ -259,14 +280,16 @@ def run_quality(data_dir: str | Path, config: QualityConfig, progress: bool = Tr
             order = order[number % len(order):] + order[:number % len(order)]
             for name in order:
                 pattern, guard = parse_setting(name)
+                thinking = thinking_of(name)
+                shares = pattern is not None and thinking is None  # choice/regex answers: one decode
                 generator.whitespace, generator.loop_guard = pattern or "compact", guard
-                todo = chunk if pattern is None else [t for t in chunk if t.kind == "extract" or t.id not in shared]
+                todo = [t for t in chunk if t.kind == "extract" or t.id not in shared] if shares else chunk
                 if progress:
                     print(f"[quality] {config.split} chunk {number + 1}/{len(chunks)}: {name}", flush=True)
                 start = time.perf_counter()
-                answers = answer_all(generator, todo, config, constrained=pattern is not None)
+                answers = answer_all(generator, todo, config, constrained=pattern is not None, thinking=thinking)
                 runs[name].wall_seconds += time.perf_counter() - start
-                if pattern is not None:
+                if shares:
                     shared.update((a.task.id, a) for a in answers if a.task.kind != "extract")
                     answers = [a for a in answers if a.task.kind == "extract"]
                     answers += [shared[t.id] for t in chunk if t.kind != "extract"]

@@ -18,6 +18,7 @@ from benchmarks.answer_quality import (
     parse_setting,
     same_value,
     score,
+    thinking_of,
 )
 from benchmarks.quality_tasks import (
     DATE,
@@ -109,8 +110,12 @@ def test_helpers():
     assert parse_setting("free") == (None, True)
     assert parse_setting("newlines") == ("newlines", True) and parse_setting("[ ]{0,2}") == ("[ ]{0,2}", True)
     assert parse_setting("flexible+noguard") == ("flexible", False)
+    assert parse_setting("flexible+think64") == ("flexible", True) and thinking_of("flexible+think64") == 64
+    assert thinking_of("flexible+noguard") is None and parse_setting("free+think8+noguard") == (None, False)
     with pytest.raises(ValueError):
         parse_setting("flexible+canonical")
+    with pytest.raises(ValueError):
+        parse_setting("flexible+thinklots")
     with pytest.raises(CompileError):
         parse_setting("[ ]*")  # unbounded whitespace is never a candidate
     rows = [(random.Random(i).randint(0, 3), 3) for i in range(50)]
