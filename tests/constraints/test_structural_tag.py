@@ -159,3 +159,18 @@ def test_smollm2_writes_tags_whose_json_is_valid(smollm2, one_torch_thread):
         assert result.complete and len(result.value) == 1
         jsonschema.validate(result.value[0].value, CITY)
         assert result.text.endswith("</city>")
+
+
+def test_special_token_markers_as_the_token_or_spelled_out(vocab_of):
+    """Qwen 3 writes ``<tool_call>`` as one special token, which a constraint allows only where named."""
+    vocabulary = vocab_of("qwen3")
+    spec = StructuralTag([Tag("<tool_call>", WEATHER, "</tool_call>")])
+    compiled = cs.compile(spec, vocabulary)
+    text = 'so <tool_call>{"city": "Oslo"}</tool_call> done'
+    as_tokens = vocabulary.encode(text)
+    assert len(as_tokens) < len(vocabulary.encode(text.replace("<", "< ")))  # the markers are one token each
+    spelled = [t for char in text for t in vocabulary.encode(char)]
+    for tokens in (as_tokens, spelled):
+        tokens = [*tokens, vocabulary.eos_token_id]
+        assert compiled.new_state().validate(tokens) == len(tokens)
+    assert not accepts(compiled, vocabulary, "so <tool_call> plain")
