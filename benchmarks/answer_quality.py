@@ -45,9 +45,9 @@ from typing import Any
 
 import jsonschema
 
+from cdsl_struct import Reasoning
 from cdsl_struct.bench import write_report
 from cdsl_struct.constraints import WhitespacePolicy, compile
-from cdsl_struct.constraints.reasoning import Reasoning
 from cdsl_struct.errors import CompileError
 
 from .extraction_tasks import family_tasks
