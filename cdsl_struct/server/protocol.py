@@ -295,7 +295,8 @@ class _GenerationRequest(_Model):
 
     def _sized_constraint(self, limits: ServerLimits) -> tuple[dict[str, Any], str | None]:
         fmt = self.response_format
-        schema = fmt.json_schema.schema_ if isinstance(fmt, JsonSchemaResponseFormat) else None
+        schema = fmt.json_schema.schema_ if isinstance(fmt, JsonSchemaResponseFormat) else \
+            fmt.model_dump(exclude_none=True) if isinstance(fmt, StructuralTagResponseFormat) else None
         for param, value in (("response_format", schema), ("regex", self.regex), ("grammar", self.grammar)):
             if value is not None:
                 limits.check_constraint(param, value)

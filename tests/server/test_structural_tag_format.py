@@ -74,3 +74,17 @@ def test_served_answer_has_valid_tags(smollm2, one_torch_thread):
     assert answer.choices[0].finish_reason == "stop", text
     body = text[text.index("<city>") + len("<city>"):text.rindex("</city>")]
     jsonschema.validate(json.loads(body), CITY)
+
+
+def test_oversized_or_deep_structures_are_refused_before_compiling():
+    from cdsl_struct.server.errors import APIError
+    from cdsl_struct.server.protocol import ServerLimits
+
+    deep: dict = {"type": "object"}
+    for _ in range(60):
+        deep = {"type": "object", "properties": {"x": deep}}
+    shape = {"type": "structural_tag", "triggers": ["<a"], "structures": [{"begin": "<a>", "schema": deep}]}
+    with pytest.raises(APIError) as caught:
+        request(shape).to_call(16, ServerLimits())
+    assert caught.value.status == 400 and caught.value.code == "constraint_too_deep"
+    assert caught.value.param == "response_format"
