@@ -188,3 +188,21 @@ def test_smollm2_calls_parse_in_every_format(smollm2, one_torch_thread, name):
         assert finished >= 6
     finally:
         generator.close()
+
+
+def test_auto_is_the_default_everywhere_and_the_cli_takes_a_name():
+    import argparse
+    import inspect
+
+    from cdsl_struct.api import Generator
+    from cdsl_struct.server.app import serve
+    from cdsl_struct.server.cli import add_serve_parser
+
+    for function in (Generator.__init__, serve):
+        assert inspect.signature(function).parameters["tool_format"].default == "auto"
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers(dest="command"))
+    assert parser.parse_args(["serve"]).tool_format == "auto"
+    assert parser.parse_args(["serve", "--tool-format", "llama3"]).tool_format == "llama3"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--tool-format", "harmony"])
