@@ -28,6 +28,7 @@ from ..constraints.whitespace import DEFAULT_WHITESPACE
 from ..errors import CompileTimeout
 from ..heap import freeze_loaded_objects
 from ..options import SERVE_TORCH_COMPILE
+from ..partial import NOTHING
 from ..streaming import Thought
 from ..tools import CallStream
 from . import responses
@@ -68,6 +69,17 @@ class ServerConfig:
     shutdown_grace: float = 30.0
     compile_timeout: float | None = None
 
+
+
+class PartialText(str):
+    """An answer delta with the answer's typed partial value after it (``stream_options.partial_values``)."""
+
+    value: Any
+
+    def __new__(cls, text: str, value: Any) -> PartialText:
+        made = super().__new__(cls, text)
+        made.value = value
+        return made
 
 class _Service:
     """The Generator behind the routes: admission, cancellation, the served model's name."""
@@ -144,7 +156,7 @@ class _Service:
 
     # --- streams ----------------------------------------------------------------------------------
     async def stream(self, call: GenerateCall, http: Request, *, chat: bool,
-                     include_usage: bool) -> StreamingResponse:
+                     include_usage: bool, partials: bool = False) -> StreamingResponse:
         """Server-sent events; errors before the first item are answered with their status code.
 
         The deadline holds for the whole stream; a client that goes away before the first item is
@@ -155,7 +167,7 @@ class _Service:
         started = time.perf_counter()
         deadline = started + self.config.request_timeout
         watcher = asyncio.ensure_future(self._watch(cancel, http, deadline))
-        items = self.worker.stream(lambda: self._stream_items(call, cancel))
+        items = self.worker.stream(lambda: self._stream_items(call, cancel, partials))
         try:
             first = await items.__anext__()
         except BaseException as exc:
@@ -175,16 +187,20 @@ class _Service:
             watcher.cancel()
             await items.aclose()
             raise self._deadline_error()
-        events = self._events(first, items, call, ChunkWriter(self.model, chat=chat), include_usage, cancel, started,
-                              watcher)
+        events = self._events(first, items, call, ChunkWriter(self.model, chat=chat, partials=partials), include_usage,
+                              cancel, started, watcher)
         return StreamingResponse(events, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
-    def _stream_items(self, call: GenerateCall, cancel: threading.Event) -> Iterator[Any]:
-        """The text deltas of ``call``, then its Result; closed early, the request is cancelled."""
+    def _stream_items(self, call: GenerateCall, cancel: threading.Event, partials: bool = False) -> Iterator[Any]:
+        """The text deltas of ``call`` (with ``partials``, answer deltas as ``PartialText`` holding
+        the partial value so far), then its Result; closed early, the request is cancelled."""
         with self.generator.stream(call.prompt, params=call.params, cancel=cancel,
                                    compile_timeout=self.compile_timeout, **call.kwargs) as stream:
-            yield from stream
+            for delta in stream:
+                if partials and not isinstance(delta, Thought) and stream.partial is not None:
+                    delta = PartialText(delta, stream.partial)
+                yield delta
             yield stream.result
 
     async def _events(self, first: Any, items: AsyncIterator[Any], call: GenerateCall, writer: ChunkWriter,
@@ -240,7 +256,7 @@ class _Service:
             if held:
                 yield writer.content(held)
         self.metrics.observe([result], started, first_at)
-        yield writer.delta({} if writer.chat else "", responses.finish_reason(result, call.named_tool))
+        yield writer.finish(result, responses.finish_reason(result, call.named_tool))
         if include_usage:
             yield writer.usage(result)
         yield responses.sse("[DONE]")
@@ -249,13 +265,13 @@ class _Service:
     def _text_chunks(delta: str, calls: CallStream | None, writer: ChunkWriter) -> Iterator[str]:
         if calls is None:
             if delta:
-                yield writer.content(delta)
+                yield writer.content(delta, getattr(delta, "value", NOTHING))
             return
         content, pieces = calls.push(delta)
         if content:
             yield writer.content(content)
         for piece in pieces:
-            yield writer.call_delta(piece)
+            yield writer.call_delta(piece, calls.calls[piece.index].arguments if writer.partials else None)
 
     def shutdown(self) -> None:
         """Cancel what still runs and stop the workers."""
@@ -312,7 +328,8 @@ def create_app(generator: Any, config: ServerConfig | None = None, **options: An
         service.check_model(body.model)
         call = await service.read(body)
         if body.stream:
-            return await service.stream(call, http, chat=True, include_usage=body.include_usage)
+            return await service.stream(call, http, chat=True, include_usage=body.include_usage,
+                                        partials=body.include_partials)
         results = await service.answer(call, http)
         return responses.chat_completion(results, service.model, call.named_tool)
 
@@ -322,7 +339,8 @@ def create_app(generator: Any, config: ServerConfig | None = None, **options: An
         service.check_model(body.model)
         call = await service.read(body)
         if body.stream:
-            return await service.stream(call, http, chat=False, include_usage=body.include_usage)
+            return await service.stream(call, http, chat=False, include_usage=body.include_usage,
+                                        partials=body.include_partials)
         results = await service.answer(call, http)
         return responses.text_completion(results, service.model, call.n)
 

@@ -131,9 +131,13 @@ ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaResponseFor
 
 
 class StreamOptions(_Model):
-    """``stream_options``: ``include_usage`` adds a last chunk with the token counts."""
+    """``stream_options``: ``include_usage`` adds a last chunk with the token counts;
+    ``partial_values`` (ours) puts the answer's typed partial value so far in each content chunk
+    (``partial_value``, a JSON schema's answer) and each call's partial arguments in its argument
+    chunks (``partial_arguments``): every one a prefix of the final value."""
 
     include_usage: bool = False
+    partial_values: bool = False
 
 
 class FunctionDefinition(_Model):
@@ -342,6 +346,11 @@ class _GenerationRequest(_Model):
     def include_usage(self) -> bool:
         """Whether a streamed answer ends with a usage chunk."""
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def include_partials(self) -> bool:
+        """Whether a streamed answer's chunks carry partial values (``stream_options.partial_values``)."""
+        return bool(self.stream_options and self.stream_options.partial_values)
 
 
 class ChatCompletionRequest(_GenerationRequest):

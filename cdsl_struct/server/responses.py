@@ -14,6 +14,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from ..partial import NOTHING, partial_json
+
 
 def new_id(prefix: str) -> str:
     """A fresh response id such as ``chatcmpl-...``."""
@@ -96,9 +98,10 @@ def sse(data: dict[str, Any] | str) -> str:
 class ChunkWriter:
     """Stream chunks of one answer (``chat.completion.chunk`` or ``text_completion``), same id throughout."""
 
-    def __init__(self, model: str, *, chat: bool) -> None:
+    def __init__(self, model: str, *, chat: bool, partials: bool = False) -> None:
         self.model = model
         self.chat = chat
+        self.partials = partials
         self.id = new_id("chatcmpl" if chat else "cmpl")
         self.created = int(time.time())
 
@@ -114,17 +117,35 @@ class ChunkWriter:
             choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": finish}
         return sse(self._envelope([choice]))
 
-    def content(self, text: str) -> str:
-        """A chunk of answer text."""
-        return self.delta({"content": text} if self.chat else text)
+    def finish(self, result: Any, reason: str) -> str:
+        """The chunk that ends a streamed choice: its finish reason (and ``closed_by_budget``)."""
+        if self.chat:
+            choice = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}
+        else:
+            choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": reason}
+        return sse(self._envelope([{**choice, **_closed(result)}]))
 
-    def call_delta(self, piece: Any) -> str:
-        """A chunk of one streamed tool call: its id and name first, then argument fragments."""
+    def content(self, text: str, partial: Any = NOTHING) -> str:
+        """A chunk of answer text (with the answer's partial value so far, where given)."""
+        if partial is NOTHING:
+            return self.delta({"content": text} if self.chat else text)
+        if self.chat:
+            return self.delta({"content": text, "partial_value": partial})
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": None, "partial_value": partial}
+        return sse(self._envelope([choice]))
+
+    def call_delta(self, piece: Any, arguments_so_far: str | None = None) -> str:
+        """A chunk of one streamed tool call: its id and name first, then argument fragments (with
+        ``partial_values``, each with the arguments parsed so far: ``partial_arguments``)."""
         call: dict[str, Any] = {"index": piece.index}
         if piece.name is not None:
             call.update(id=piece.id, type="function", function={"name": piece.name, "arguments": ""})
         else:
             call["function"] = {"arguments": piece.arguments}
+            if self.partials and arguments_so_far is not None:
+                value = partial_json(arguments_so_far)
+                if value is not NOTHING:
+                    call["partial_arguments"] = value
         return self.delta({"tool_calls": [call]})
 
     def usage(self, result: Any) -> str:

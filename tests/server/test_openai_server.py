@@ -328,3 +328,44 @@ def test_a_bad_reasoning_extension_is_400(client):
     with pytest.raises(openai.BadRequestError) as caught:
         ask(client, "hi", extra_body={"reasoning": {"budget": -2}})
     assert caught.value.body["param"] == "reasoning"
+
+
+def test_partial_values_ride_in_the_chunks_and_never_contradict_the_answer(client):
+    from cdsl_struct.partial import consistent_with
+
+    chunks = list(ask(client, PASSAGE, response_format=PERSON_FORMAT, max_tokens=48, temperature=0, stream=True,
+                      stream_options={"partial_values": True}))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    final = json.loads("".join(d.content or "" for d in deltas))
+    partials = [d.model_extra["partial_value"] for d in deltas if d.model_extra and "partial_value" in d.model_extra]
+    assert len(partials) >= 3 and partials[-1] in (final, partials[-1])
+    assert all(consistent_with(p, final) for p in partials)
+    assert any(isinstance(p, dict) and "age" not in p for p in partials)  # the value grows as it is written
+    plain = list(ask(client, PASSAGE, response_format=PERSON_FORMAT, max_tokens=48, temperature=0, stream=True))
+    assert not any("partial_value" in (c.choices[0].delta.model_extra or {}) for c in plain if c.choices)
+
+
+def test_partial_arguments_of_a_streamed_call(client):
+    from cdsl_struct.partial import consistent_with
+
+    chunks = list(ask(client, "What is the weather in Paris?", tools=[WEATHER], tool_choice="required",
+                      max_tokens=32, stream=True, stream_options={"partial_values": True}))
+    calls = [call for c in chunks if c.choices for call in (c.choices[0].delta.tool_calls or [])]
+    final = json.loads("".join(c.function.arguments for c in calls))
+    partials = [c.model_extra["partial_arguments"] for c in calls if c.model_extra and "partial_arguments" in
+                c.model_extra]
+    assert partials and partials[-1] == final and all(consistent_with(p, final) for p in partials)
+
+
+def test_a_stream_closed_by_budget_says_so_in_its_last_chunk(client):
+    def streamed(max_tokens):
+        chunks = list(ask(client, PASSAGE, response_format=PERSON_FORMAT, max_tokens=max_tokens, temperature=0,
+                          stream=True, extra_body={"on_budget": "close"}))
+        choices = [c.choices[0] for c in chunks if c.choices]
+        return choices[-1], "".join(c.delta.content or "" for c in choices)
+
+    last, content = streamed(16)  # a valid ending fits: closed (SmolLM2 writes ~20 tokens here)
+    assert last.model_extra.get("closed_by_budget") is True and last.finish_reason == "length"
+    jsonschema.validate(json.loads(content), PERSON)
+    last, content = streamed(6)  # none fits in 6 tokens: cut, as without closing
+    assert not last.model_extra.get("closed_by_budget") and last.finish_reason == "length"
