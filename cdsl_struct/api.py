@@ -60,6 +60,7 @@ from .streaming import (
     TextStream,
     ThoughtDeltas,
     legacy_stream,
+    partial_calls_reader,
     partial_reader,
 )
 from .tools import InvalidToolCall, ToolCallsGrammar, ToolRequest, parse_tool_output, tool_request
@@ -122,9 +123,11 @@ def _budget_mode(call: _Call) -> str:
 
 
 def _partial_reader(call: _Call) -> Callable[[str], Any] | None:
-    """How a stream of ``call`` reads partial values: its JSON schema's (not under tools, whose
-    text carries the call markup)."""
-    return partial_reader(call.compiled.spec) if call.tools is None else None
+    """How a stream of ``call`` reads partial values: its JSON schema's, or under tools the calls
+    begun so far with their partial arguments."""
+    if call.tools is not None:
+        return partial_calls_reader(call.tools.format)
+    return partial_reader(call.compiled.spec)
 
 
 def on_own_thread(build: Callable[[], Any]) -> Any:

@@ -141,6 +141,30 @@ def partial_reader(spec: Any) -> Callable[[str], Any] | None:
     return read
 
 
+def partial_calls_reader(tool_format: Any = None) -> Callable[[str], Any]:
+    """How to read partial values of a tool-call output written in ``tool_format``: the calls
+    begun so far, as ``ToolCall``s whose ``arguments`` hold the arguments written so far (strings
+    grow, numbers appear whole, as for a JSON answer) and ``arguments_text`` their text (``id`` is
+    empty: the final calls carry theirs); None before the first call's name is whole."""
+    from .partial import partial_json
+    from .tools import CallStream, ToolCall
+
+    def read(text: str) -> Any:
+        calls = CallStream(tool_format)
+        calls.push(text)
+        begun = [c for c in calls.calls if c.name is not None]
+        if not begun:
+            return None
+        partials = []
+        for call in begun:
+            value = partial_json(call.arguments) if call.arguments else None
+            partials.append(ToolCall(call.name, value if isinstance(value, dict) else {}, id="",
+                                     arguments_text=call.arguments))
+        return partials
+
+    return read
+
+
 class _Changes:
     """A stream's partial values as they change, then its final value where that differs."""
 

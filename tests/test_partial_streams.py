@@ -78,3 +78,22 @@ def test_async_partials_match_the_sync_ones(gen):
         return [value async for value in gen.astream(PROMPT, schema=Owner, max_tokens=80).partials()]
 
     assert asyncio.run(collect()) == expected
+
+
+def test_tool_call_arguments_stream_as_partial_values(gen):
+    from cdsl_struct.partial import consistent_with
+
+    weather = {"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+                       "required": ["city"], "additionalProperties": False}}}
+    stream = gen.stream("What is the weather in Paris?", tools=[weather], tool_choice="required", max_tokens=40,
+                        temperature=0)
+    partials = list(stream.partials())
+    final = stream.result.tool_calls
+    assert final and partials[-1] == final  # the last value is the Result's own calls
+    assert len(partials) >= 3
+    for calls in partials[:-1]:
+        assert all(c.name == f.name and consistent_with(c.arguments, f.arguments)
+                   for c, f in zip(calls, final, strict=False))
+    assert any(c.arguments == {} for c in partials[0])  # the name is whole before any argument
