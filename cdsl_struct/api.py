@@ -183,7 +183,7 @@ class Generator:
     compiler, else eager). On a 2-core CPU its steps are 1.1-1.26x faster and the server one
     request at a time 1.2x (BENCHMARKS.md). ``tool_format``: how tool calls are written, ``"auto"``
     (the format of the model's chat template: ``tools.formats.detect_format``) or a name in
-    ``tools.formats.FORMATS`` (``hermes``, ``llama3``, ``mistral``, ``gemma``, ``generic``).
+    ``tools.formats.FORMATS`` (``hermes``, ``llama3``, ``mistral``, ``gemma``, ``deepseek``, ``generic``).
     """
 
     def __init__(self, model: str | LoadedModel = "smollm2", *, draft: str | None = "auto",

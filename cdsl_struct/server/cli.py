@@ -64,7 +64,7 @@ def add_serve_parser(commands: Any) -> argparse.ArgumentParser:
                             "get no undeclared keys (as in Outlines, XGrammar and vLLM)")
     serve.add_argument("--tool-format", default="auto", choices=FORMAT_NAMES,
                        help="how tool calls are written: auto (the format of the model's chat template), or "
-                            "hermes, llama3, mistral, gemma, generic (default auto)")
+                            "hermes, llama3, mistral, gemma, deepseek, generic (default auto)")
     serve.add_argument("--api-key", default=None,
                        help=f"require 'Authorization: Bearer KEY' on /v1 (default: ${API_KEY_ENV}, else none)")
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],

@@ -14,6 +14,8 @@ these fields, so a format is data, not code:
 - ``gemma`` (Gemma 3: its template has no tool syntax, so the fenced ``tool_code`` block of Google's
   function-calling guide, holding a JSON call as in its JSON variant): ````tool_code\\n{"name": ...,
   "parameters": {...}}\\n````;
+- ``deepseek`` (DeepSeek V3 / R1): ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME``,
+  then the arguments in a ``json`` fence, ``<｜tool▁call▁end｜>``, and ``<｜tool▁calls▁end｜>`` after the last;
 - ``generic`` (the fallback, this library's own): ``<tool_call>{"name": ..., "arguments": {...}}``, calls
   one after another.
 
@@ -49,6 +51,9 @@ class ToolFormat:
     close: str
     """After the last call's JSON."""
     arguments_key: str = "arguments"
+    name_then: str | None = None
+    """When set, a call is the tool's name as plain text, then this string, then the arguments' JSON
+    (no object around them: DeepSeek); otherwise a call is ``{"name": ..., arguments_key: {...}}``."""
 
     @property
     def trigger_in_call(self) -> bool:
@@ -58,12 +63,18 @@ class ToolFormat:
     def written(self, calls: Sequence[dict[str, Any]]) -> str:
         """``calls`` (``{"name", "arguments"}`` dicts) written as the model writes them (``json.dumps``
         layout): for earlier calls in a conversation and the example in the tools prompt."""
-        bodies = [json.dumps({"name": call["name"], self.arguments_key: call["arguments"]}, ensure_ascii=False)
-                  for call in calls]
+        if self.name_then is not None:
+            bodies = [call["name"] + self.name_then + json.dumps(call["arguments"], ensure_ascii=False)
+                      for call in calls]
+        else:
+            bodies = [json.dumps({"name": call["name"], self.arguments_key: call["arguments"]}, ensure_ascii=False)
+                      for call in calls]
         return self.open + self.separator.join(bodies) + self.close
 
     def shape(self) -> str:
         """One call as the system prompt shows it, with placeholders."""
+        if self.name_then is not None:
+            return f"{self.open}<function name>{self.name_then}<JSON object of arguments>{self.close}"
         return (f'{self.open}{{"name": <function name>, "{self.arguments_key}": <JSON object of arguments>}}'
                 f"{self.close}")
 
@@ -81,12 +92,18 @@ MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", "[TOOL_CALLS][", ", ", "]")
 GEMMA = ToolFormat("gemma", "```tool_code", "```tool_code\n", "\n```\n```tool_code\n", "\n```",
                    arguments_key="parameters")
 
-FORMATS: dict[str, ToolFormat] = {f.name: f for f in (GENERIC, HERMES, LLAMA3, MISTRAL, GEMMA)}
+_DS_CALL = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>"
+DEEPSEEK = ToolFormat("deepseek", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁begin｜>" + _DS_CALL,
+                      "\n```<｜tool▁call▁end｜>\n" + _DS_CALL, "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+                      name_then="\n```json\n")
+
+FORMATS: dict[str, ToolFormat] = {f.name: f for f in (GENERIC, HERMES, LLAMA3, MISTRAL, GEMMA, DEEPSEEK)}
 """The known formats by name."""
 FORMAT_NAMES = (AUTO, *FORMATS)
 
 _TEMPLATE_MARKERS: tuple[tuple[str, ToolFormat], ...] = (
     ("[TOOL_CALLS]", MISTRAL),
+    ("<｜tool▁calls▁begin｜>", DEEPSEEK),
     ("<tool_call>", HERMES),
     ("<|python_tag|>", LLAMA3),
     ("tool_code", GEMMA),

@@ -97,7 +97,8 @@ def _lark(request: ToolRequest, answer_format: dict[str, Any] | None, policy: Wh
     text: each may be written as that token or spelled out."""
     fmt = request.format
     lit = functools.partial(lark_literal, specials=specials or {})
-    more = f" (sep {'call' if not fmt.trigger_in_call else 'trigger call_rest'})*" if request.parallel else ""
+    body = "call_rest" if fmt.trigger_in_call or fmt.name_then is not None else "call"
+    more = f" (sep {body if not fmt.trigger_in_call else 'trigger call_rest'})*" if request.parallel else ""
     token = (specials or {}).get(fmt.trigger)
     lines = [f"opened: TEXT_THEN_TRIGGER{f' | TEXT <[{token}]>' if token is not None else ''}"]
     if fmt.trigger_in_call:  # the call's JSON starts with the trigger (llama3)
@@ -106,9 +107,13 @@ def _lark(request: ToolRequest, answer_format: dict[str, Any] | None, policy: Wh
         lines += [*_named_calls(request, policy), f"trigger: {lit(fmt.trigger)}"]
     else:
         opened = fmt.open[len(fmt.trigger):]
-        calls = f"open call{more}"
-        after_text = f"opened {lit(opened)} call{more}" if opened else f"opened call{more}"
-        lines += [f"call: %json {_embedded(request.call_schema, policy)}", f"open: {lit(fmt.open)}"]
+        calls = f"open {body}{more}"
+        after_text = f"opened {lit(opened)} {body}{more}" if opened else f"opened {body}{more}"
+        lines.append(f"open: {lit(fmt.open)}")
+        if fmt.name_then is not None:  # NAME, then the arguments' JSON (DeepSeek)
+            lines += _named_calls(request, policy)
+        else:
+            lines.append(f"call: %json {_embedded(request.call_schema, policy)}")
     close = f" {lit(fmt.close)}" if fmt.close else ""
     if request.mode == "call":
         start = calls + close
@@ -131,18 +136,20 @@ def format_specials(fmt: ToolFormat, vocabulary: Any) -> dict[str, int]:
 
 
 def _named_calls(request: ToolRequest, policy: WhitespacePolicy) -> list[str]:
-    """``call_rest``: what follows the trigger in a format whose call starts with it, one branch per
-    tool (``NAME", "parameters": ARGS}``), each tool's arguments under its own schema."""
+    """``call_rest``, one branch per tool, each tool's arguments under its own schema: what follows the
+    trigger in a format whose call starts with it (``NAME", "parameters": ARGS}``), or a call that is
+    the name then the arguments (``NAME`` ``name_then`` ``ARGS``)."""
     fmt = request.format
     branches, lines = [], []
     schema = request.call_schema
     defs = schema.get("$defs")
     for k, name in enumerate(request.allowed):
-        head = f'{json.dumps(name)[1:]}, "{fmt.arguments_key}": '
+        head = name + fmt.name_then if fmt.name_then is not None else f'{json.dumps(name)[1:]}, "{fmt.arguments_key}": '
+        tail = "" if fmt.name_then is not None else ' "}"'
         arguments = request.parameters(name) if not defs else {**_branch(schema, k)["properties"][fmt.arguments_key],
                                                               "$defs": defs}
         branches.append(f"call_{k}")
-        lines.append(f"call_{k}: {_string(head)} arguments_{k} \"}}\"")
+        lines.append(f"call_{k}: {_string(head)} arguments_{k}{tail}")
         lines.append(f"arguments_{k}: %json {_embedded(arguments, policy)}")
     return [f"call_rest: {' | '.join(branches)}", *lines]
 

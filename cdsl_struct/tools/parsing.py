@@ -130,6 +130,16 @@ class CallStream:
     def _advance(self, call: _Call, text: str, pieces: list[CallDelta]) -> str:
         """Consume ``text`` into ``call``; returns what follows the call's end."""
         index = len(self.calls) - 1
+        name_then = (self.format or GENERIC).name_then
+        if call.name is None and name_then is not None:  # NAME, then the arguments' JSON
+            call.text += text
+            found = call.text.find(name_then)
+            if found < 0:
+                return ""
+            call.name = call.text[:found]
+            pieces.append(CallDelta(index, id=call.id, name=call.name))
+            text, call.text = call.text[found + len(name_then):], call.text[:found + len(name_then)]
+            call.head, call.arguments_started = len(call.text), True
         if call.name is None:
             call.text += text
             found = _NAME.match(call.text)
@@ -174,6 +184,10 @@ class CallStream:
                 call.depth -= 1
                 if call.depth == 0:
                     call.arguments_done = True
+                    if name_then is not None:  # no object around the arguments: the call ends here
+                        call.closed = True
+                        self._emit(pieces, index, "".join(fragment))
+                        return text[position + 1:]
         self._emit(pieces, index, "".join(fragment))
         return ""
 
@@ -216,7 +230,9 @@ def parse_tool_output(request: ToolRequest, text: str, *, complete: bool,
     for index, call in enumerate(stream.calls):
         call_id = ids[index] if ids and index < len(ids) else call.id
         if call.closed:
-            calls.append(_validated(request, call.text, call_id))
+            written = call.text if fmt.name_then is None else \
+                json.dumps({"name": call.name, fmt.arguments_key: _json_or_none(call.arguments)})
+            calls.append(_validated(request, written, call_id))
         elif complete:
             raise InvalidToolCall(f"tool call {index} is not finished: {call.text!r}")
         elif call.name is not None:
@@ -257,3 +273,10 @@ def _is_answer(request: ToolRequest, text: str) -> bool:
         return False
     key = request.format.arguments_key
     return not (isinstance(data, dict) and set(data) == {"name", key} and data["name"] in request.allowed)
+
+
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return None

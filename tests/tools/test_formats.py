@@ -51,6 +51,7 @@ def test_detection_markers_and_overrides():
     assert detect_format("... [TOOL_CALLS] ...") is MISTRAL
     assert detect_format("{{ '<|python_tag|>' }}") is LLAMA3
     assert detect_format("```tool_code") is GEMMA
+    assert detect_format("{{'<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>'}}") is FORMATS["deepseek"]
     assert detect_format(None) is GENERIC and detect_format("plain {{ messages }}") is GENERIC
     assert resolve_format("mistral") is MISTRAL and resolve_format(HERMES) is HERMES
     with pytest.raises(InvalidArgument, match="unknown tool format") as caught:
@@ -87,6 +88,8 @@ def test_grammar_accepts_the_family_text_and_refuses_malformed(vocab_of, tokeniz
     required = cs.compile(ToolCallsGrammar(tool_request(TOOLS, "required", False, fmt)), vocabulary)
     named = cs.compile(ToolCallsGrammar(tool_request(TOOLS, "get_weather", True, fmt)), vocabulary)
     one, two = fmt.written(CALLS[:1]), fmt.written(CALLS)
+    if vocabulary.decode(vocabulary.encode(two)) != two.encode():
+        pytest.skip(f"{tokenizer} cannot write {name}'s markers (SentencePiece reads DeepSeek's ▁ as a space)")
     for text in ["Hello there.", "", "Sure. " + one, two, one]:
         assert accepts(auto, vocabulary, text), text
     for text in malformed(fmt, one):
@@ -170,10 +173,13 @@ def test_smollm2_calls_parse_in_every_format(smollm2, one_torch_thread, name):
     generator = Generator(smollm2, tool_format=name)
     try:
         assert generator.tool_format is FORMATS[name]
+        fmt = FORMATS[name]
+        markup = len(generator.tokenizer.encode(fmt.open + fmt.close, add_special_tokens=False))
         finished = 0
         for choice in ("required", "auto", {"type": "function", "function": {"name": "get_weather"}}):
             prompts = [[*call_shot(FORMATS[name]), {"role": "user", "content": q}] for q in QUESTIONS]
-            for result in generator.generate_batch(prompts, tools=TOOLS, tool_choice=choice, max_tokens=40):
+            for result in generator.generate_batch(prompts, tools=TOOLS, tool_choice=choice,
+                                                     max_tokens=32 + markup):
                 if result.finish_reason != "stop":
                     continue
                 finished += 1
