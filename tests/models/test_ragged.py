@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cdsl_struct.errors import CdslError
-from cdsl_struct.models import ragged
+from cdsl_struct.models import ragged_attention
 from cdsl_struct.models.attention import row_attention
 from cdsl_struct.models.batch import BatchRunner, Feed
 from cdsl_struct.models.ragged import GROUPED_QUERIES, RaggedRunner, supports_ragged
@@ -64,8 +64,8 @@ def test_the_runner_on_the_gpus_attention_branch_matches_solo_runs(model, monkey
     without a mask beside ``enable_gqa``, grouped rows through SDPA): joins, decode steps of one or
     two rows (attending row by row) and of many (grouped), speculation after held positions, rows
     leaving and forking, the cache growing."""
-    monkeypatch.setattr(ragged, "masked_gqa_safe", lambda device: False)
-    monkeypatch.setattr(ragged, "grouped_by_sdpa", lambda device: True)
+    monkeypatch.setattr(ragged_attention, "masked_gqa_safe", lambda device: False)
+    monkeypatch.setattr(ragged_attention, "grouped_by_sdpa", lambda device: True)
     test_rows_of_different_lengths_join_in_one_pass_and_match_solo_runs(model)
     test_speculation_crops_and_a_prompt_riding_in_a_decode_step(model)
     test_leaving_forking_and_unfed_rows_keep_every_cache_right(model)

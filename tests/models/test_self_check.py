@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cdsl_struct.decoding.engine import BatchEngine
-from cdsl_struct.models import ragged, self_check
+from cdsl_struct.models import ragged, ragged_attention, self_check
 from cdsl_struct.models.batch import BatchRunner
 from cdsl_struct.models.ragged import RaggedRunner
 from cdsl_struct.models.self_check import batch_runner, check_ragged
@@ -34,7 +34,7 @@ def _broken_attention(*args, **kwargs):
     return out + 0.5  # every attended value off: wrong logits, no error
 
 
-_real_attention = ragged.row_attention
+_real_attention = ragged_attention.row_attention
 
 
 @pytest.mark.parametrize("failure", ["wrong logits", "an error"])
@@ -43,7 +43,7 @@ def test_a_runner_that_fails_its_check_never_serves(monkeypatch, caplog, failure
     def crash(*args, **kwargs):
         raise RuntimeError("output with shape [1, 9, 1, 1] doesn't match the broadcast shape [1, 9, 1, 45]")
 
-    monkeypatch.setattr(ragged, "row_attention", _broken_attention if failure == "wrong logits" else crash)
+    monkeypatch.setattr(ragged_attention, "row_attention", _broken_attention if failure == "wrong logits" else crash)
     model = tiny_llama()
     with caplog.at_level(logging.WARNING, logger=self_check.__name__):
         runner = batch_runner(model, pad_token_id=0)
@@ -56,7 +56,7 @@ def test_a_runner_that_fails_its_check_never_serves(monkeypatch, caplog, failure
         assert engine.load().runner_fallback == runner.fallback_reason
     finally:
         engine.close()
-    monkeypatch.setattr(ragged, "row_attention", _real_attention)  # the padded runner never attends ragged
+    monkeypatch.setattr(ragged_attention, "row_attention", _real_attention)  # the padded runner never attends ragged
     with torch.inference_mode():
         out = runner.run([ragged.Feed("a", [1, 2, 3], 1)])
     assert torch.isfinite(out[0]).all()
@@ -76,5 +76,5 @@ def test_a_bfloat16_model_passes_and_a_broken_one_does_not(smollm2, monkeypatch)
 
     model = copy.deepcopy(smollm2.model).to(torch.bfloat16)
     assert check_ragged(model) is None
-    monkeypatch.setattr(ragged, "row_attention", _broken_attention)
+    monkeypatch.setattr(ragged_attention, "row_attention", _broken_attention)
     assert "logits differ" in check_ragged(model)
