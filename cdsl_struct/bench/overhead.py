@@ -76,7 +76,7 @@ def run_overhead_bench(config: OverheadConfig) -> dict[str, Any]:
     if config.threads:
         torch.set_num_threads(config.threads)
     try:
-        machine = {**_machine(), "device": _device_name(model)}  # with the bench's thread count
+        machine = {**machine_info(), "device": _device_name(model)}  # with the bench's thread count
         _measure(model, tokenizer, compiled, 2, config)  # warm-up, untimed
         sizes = []
         for rows in config.rows:
@@ -164,7 +164,8 @@ def _spin() -> None:
         pass
 
 
-def _machine() -> dict[str, Any]:
+def machine_info() -> dict[str, Any]:
+    """This machine for a report: CPU count and architecture, its AVX/AMX flags, torch and its threads."""
     flags: list[str] = []
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
