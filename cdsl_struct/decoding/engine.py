@@ -1,9 +1,10 @@
 """The batched engine: many requests, one target forward per step (continuous batching).
 
 Nouns as in vLLM's v1 engine: a frozen ``Request`` per sequence (what it asks), a ``Row`` the
-engine owns for it (its decoding state and outcome, and the caller's handle), a ``Scheduler`` that
-picks which waiting rows join the running batch (FCFS, bounded by ``max_batch_size`` and a KV memory
-budget), and ``BatchEngine.step`` that runs one step for every running row:
+engine owns for it (its decoding state and outcome, and the caller's handle; both in
+``decoding.rows``), a ``Scheduler`` that picks which waiting rows join the running batch (FCFS,
+bounded by ``max_batch_size`` and a KV memory budget; ``decoding.scheduler``), and
+``BatchEngine.step`` that runs one step for every running row:
 
 1. each row proposes (the grammar's forced tokens, prompt lookup, a draft model), advancing its
    own constraint state (``loop.propose``); a row with a ``strategy`` (CDLH, CDSL) advances its
@@ -25,13 +26,12 @@ or callback), its cancellation or its token budget ends that row only.
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -44,7 +44,8 @@ from ..models.ragged import RaggedRunner
 from ..models.runner import ModelRunner
 from ..result import DecodeStats, Result
 from .budget import BudgetCloser
-from .logprobs import MAX_TOP_LOGPROBS, token_logprobs
+from .engine_stats import PHASES, EngineLoad, EngineStats
+from .logprobs import token_logprobs
 from .loop import (
     MAX_FORCED,
     Proposal,
@@ -58,256 +59,17 @@ from .loop import (
     truncate,
 )
 from .loops import loop_bans, penalise
-from .penalties import Penalties
 from .programs import Programs
+from .rows import Request, Row
 from .sampling import SamplingParams
+from .scheduler import DEFAULT_PREFILL_BUDGET, Scheduler, default_kv_budget, default_prefill_budget
 from .stops import StopStrings
-from .strategy import Passes, StepProgram, Strategy
+from .strategy import Strategy
 from .threads import ThreadGovernor
 from .width import StepWidth
 
-_ids = itertools.count()
-
-#: prompt positions a step prefills on a CPU before later arrivals wait for the next step (about
-#: half a second of prefill on two AVX-512 cores in bfloat16); a GPU's is ``default_prefill_budget``'s
-DEFAULT_PREFILL_BUDGET = 512
-
-
-@dataclass(frozen=True, eq=False)
-class Request:
-    """What one sequence asks of the engine: prompt ids, constraint, sampling, budget and draft
-    sources; frozen (the engine keeps what changes in the request's ``Row``).
-
-    ``proposers`` are this request's own (a draft model proposer must not be shared between
-    rows: see ``DraftModelProposer.fork``). ``strategy``: a decoder that steps the row as a
-    program (CDLH, CDSL; its proposers are then unused). ``on_tokens`` receives each step's
-    committed tokens on the engine's thread. ``cancel_event``: once set, the row ends at the
-    next step boundary.
-    """
-
-    prompt: tuple[int, ...]
-    compiled: CompiledConstraint
-    params: SamplingParams = field(default_factory=SamplingParams)
-    max_tokens: int = 256
-    proposers: tuple[Proposer, ...] = ()
-    k: int = 4
-    on_tokens: Callable[[list[int]], None] | None = None
-    stop: tuple[str, ...] = ()
-    penalties: Penalties | None = None
-    loop_guard: bool = False
-    logprobs: int | None = None
-    on_budget: str = "cut"
-    """``"close"``: end the output validly before ``max_tokens`` cuts it (``decoding.budget``);
-    ``"cut"``: stop at ``max_tokens`` wherever it is."""
-    cancel_event: threading.Event | None = None
-    strategy: Strategy | None = None
-    request_id: str = field(default_factory=lambda: f"req-{next(_ids)}")
-
-    def __post_init__(self) -> None:
-        for name in ("prompt", "proposers", "stop"):
-            object.__setattr__(self, name, tuple(getattr(self, name)))
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.on_budget not in ("close", "cut"):
-            raise ValueError(f"on_budget must be 'close' or 'cut', got {self.on_budget!r}")
-        if self.k < 0:
-            raise ValueError(f"k must be >= 0, got {self.k}")
-        if not self.prompt:
-            raise ValueError("a request needs at least one prompt token")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
-            raise ValueError(f"top logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}")
-
-    @property
-    def sequences(self) -> int:
-        """Sequences this request may hold in the cache at once: its own and its strategy's branches."""
-        return 1 + (self.strategy.branches if self.strategy is not None else 0)
-
-    @property
-    def sequence_tokens(self) -> int:
-        """Positions one of its sequences may need: prompt, output and one step's speculation."""
-        return len(self.prompt) + self.max_tokens + self.k + MAX_FORCED + 1
-
-    @property
-    def reserved_tokens(self) -> int:
-        """Positions this request may need in the cache, over all its sequences."""
-        return self.sequences * self.sequence_tokens
-
-
-@dataclass(eq=False)
-class Row:
-    """The engine's state of one submitted ``Request``, and the caller's handle on it.
-
-    In its Result's stats, ``target_passes`` / ``target_positions`` count the batched passes the
-    row took part in and its own tokens in them; ``target_seconds`` and ``prefill_seconds`` are
-    the wall time of those passes, shared with the other rows (so they do not add up over rows).
-    ``wait`` returns the Result or raises the row's error; ``cancel`` ends it at the next step.
-    """
-
-    request: Request
-    row_id: str = field(default_factory=lambda: f"row-{next(_ids)}")
-    """Keys this row's KV cache in the runner (a request submitted twice makes two rows)."""
-    session: Session | None = field(default=None, repr=False)
-    stops: StopStrings | None = field(default=None, repr=False)
-    program: StepProgram | None = field(default=None, repr=False)
-    """A strategy row's current step program, and the passes it waits for."""
-    pending: Passes | None = field(default=None, repr=False)
-    branches: set[Any] = field(default_factory=set, repr=False)
-    """Runner keys of the branches the program fed last."""
-    result: Result | None = None
-    error: BaseException | None = None
-    cancelled: bool = False
-    submitted_at: float = field(default_factory=time.perf_counter)
-    started_at: float = 0.0
-    _done: threading.Event = field(default_factory=threading.Event, repr=False)
-
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def cancel(self) -> None:
-        """Stop this row at the next step boundary (its Result then has ``finish_reason="cancelled"``)."""
-        self.cancelled = True
-
-    @property
-    def is_cancelled(self) -> bool:
-        event = self.request.cancel_event
-        return self.cancelled or (event is not None and event.is_set())
-
-    def wait(self, timeout: float | None = None) -> Result:
-        """Block until the row ends; its Result, or its error raised here."""
-        if not self._done.wait(timeout):
-            raise TimeoutError(f"request {self.request.request_id} still running after {timeout} s")
-        if self.error is not None:
-            raise self.error
-        assert self.result is not None
-        return self.result
-
-
-class Scheduler:
-    """Which waiting requests join the batch: first come, first served, while the batch stays
-    within ``max_batch_size`` rows and ``kv_budget_bytes``. ``reserved_positions(sequences,
-    longest)`` is what the runner's cache may hold for that many sequences of at most ``longest``
-    positions (the runner's own rule: ``padded_reserve`` for the padded cache, whose holes from
-    rejected speculation may stretch it to twice the longest row before it compacts; the ragged
-    runner's slots and their spare room). A request that would not fit waits; one that exceeds the
-    budget alone runs alone.
-
-    ``prefill_budget``: prompt positions one step may prefill (``prefill_cost`` of a row: its
-    positions not already in the prefix cache). Rows arriving together join over several steps,
-    each followed by a decode step of the running rows, so that a burst of long prompts does not
-    stall every decoding row for the whole burst's prefill (vLLM's chunked prefill bounds a step
-    the same way). A step always admits its first fitting row, however long its prompt."""
-
-    def __init__(self, max_batch_size: int, kv_budget_bytes: float, bytes_per_token: int,
-                 prefill_budget: int | None = None, prefill_cost: Callable[[Row], int] | None = None,
-                 reserved_positions: Callable[[int, int], int] | None = None) -> None:
-        if max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-        if prefill_budget is not None and prefill_budget < 1:
-            raise ValueError(f"prefill_budget must be >= 1, got {prefill_budget}")
-        self.max_batch_size = max_batch_size
-        self.kv_budget_bytes = kv_budget_bytes
-        self.bytes_per_token = bytes_per_token
-        self.prefill_budget = prefill_budget
-        self.prefill_cost = prefill_cost or (lambda row: len(row.request.prompt))
-        self.reserved_positions = reserved_positions or padded_reserve
-        self.waiting: deque[Row] = deque()
-        self.running: list[Row] = []
-
-    def fits(self, row: Row) -> bool:
-        rows = self.running + [row]
-        if len(rows) > self.max_batch_size:
-            return False
-        positions = self.reserved_positions(sum(r.request.sequences for r in rows),
-                                            max(r.request.sequence_tokens for r in rows))
-        return positions * self.bytes_per_token <= self.kv_budget_bytes or not self.running
-
-    def admit(self) -> list[Row]:
-        """Move the rows that fit from the queue into the batch, in arrival order."""
-        admitted, prefill = [], 0
-        while self.waiting and self.fits(self.waiting[0]):
-            if self.prefill_budget is not None:
-                cost = self.prefill_cost(self.waiting[0])
-                if admitted and prefill + cost > self.prefill_budget:
-                    break
-                prefill += cost
-            row = self.waiting.popleft()
-            self.running.append(row)
-            admitted.append(row)
-        return admitted
-
-
-#: the phases of a step whose time ``EngineStats.phase_seconds`` adds up: admitting rows, proposing
-#: (drafts included), the target forward, waiting for masks the forward did not hide, masking and
-#: choosing tokens (and reading them back), verifying and committing row by row, and what follows
-#: a commit (stop strings, callbacks, ending rows)
-PHASES = ("schedule", "propose", "forward", "masks", "sample", "commit", "stream")
-
-
-@dataclass
-class EngineStats:
-    """Engine-wide counters: steps, rows per step, how much mask time the forward hid, and where
-    a step's time goes (``phase_seconds``, by ``PHASES``)."""
-
-    steps: int = 0
-    rows_stepped: int = 0
-    positions: int = 0
-    forward_seconds: float = 0.0
-    prefill_seconds: float = 0.0
-    mask_seconds: float = 0.0
-    mask_wait_seconds: float = 0.0
-    phase_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
-
-    @property
-    def mask_hidden_share(self) -> float:
-        """The share of mask computation that ran while the forward pass did."""
-        if self.mask_seconds <= 0:
-            return 0.0
-        return max(0.0, 1.0 - self.mask_wait_seconds / self.mask_seconds)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps, "mean_rows": round(self.rows_stepped / self.steps, 3) if self.steps else 0.0,
-                "mean_width": round(self.positions / self.rows_stepped, 3) if self.rows_stepped else 0.0,
-                "forward_seconds": round(self.forward_seconds, 4), "prefill_seconds": round(self.prefill_seconds, 4),
-                "decode_step_ms": round(1000 * (self.forward_seconds - self.prefill_seconds) / self.steps, 2)
-                if self.steps else 0.0, "mask_seconds": round(self.mask_seconds, 4),
-                "mask_wait_seconds": round(self.mask_wait_seconds, 4),
-                "mask_hidden_share": round(self.mask_hidden_share, 4)}
-
-
-@dataclass(frozen=True)
-class EngineLoad:
-    """What the engine is doing now: rows decoding and waiting, and its bounds."""
-
-    running_rows: int
-    waiting_rows: int
-    max_batch_size: int
-    mean_rows_per_step: float
-    """Rows per target forward since the engine started."""
-    prefix_cache_bytes: int = 0
-    """Keys and values of stored prompt prefixes (bounded by the runner's ``prefix_cache_bytes``)."""
-    steps: int = 0
-    """Target forwards (batched steps) since the engine started."""
-    forward_seconds: float = 0.0
-    """Time in those forwards, prefill included."""
-    prefill_seconds: float = 0.0
-    """Time in them spent in prefill passes of their own (a padded runner's joining rows; a ragged
-    runner prefills within the step and only computes shared prompt prefixes apart)."""
-    prefill_positions: int = 0
-    """Prompt positions those forwards computed (not copied from the prefix cache)."""
-    attended_valid_share: float = 1.0
-    """Of the KV slots the step passes' attention read, the share holding a row's own token (the
-    rest: a padded runner's left padding and holes, a ragged runner's shorter rows and spare
-    positions)."""
-    compiled_steps: int = 0
-    """Of those forwards, the ones run through ``torch.compile`` (``models.compiled``)."""
-    compiled_active: bool = False
-    """Whether the forwards run compiled now (compiled, and no failure sent them back to eager)."""
-    runner_fallback: str | None = None
-    """Why the target runs on the padded runner although the ragged one was wanted (the ragged
-    runner failed its load-time self-check: ``models.self_check``), or None."""
-    ragged_runner: bool = False
-    """Whether the target runs on the ragged runner (else the padded one)."""
+__all__ = ["DEFAULT_PREFILL_BUDGET", "PHASES", "BatchEngine", "EngineLoad", "EngineStats", "Request", "Row",
+           "Scheduler", "decode", "default_kv_budget", "default_prefill_budget"]
 
 
 class BatchEngine:
@@ -391,6 +153,7 @@ class BatchEngine:
 
     @property
     def busy(self) -> bool:
+        """Whether any row is waiting or running."""
         return bool(self.scheduler.waiting or self.scheduler.running)
 
     def load(self) -> EngineLoad:
@@ -761,13 +524,22 @@ def decode(target: ModelRunner, compiled: CompiledConstraint, prompt: Sequence[i
            proposers: Sequence[Proposer] = (), k: int = 4, max_tokens: int = 256, params: SamplingParams | None = None,
            on_tokens: Callable[[list[int]], None] | None = None, strategy: Strategy | None = None,
            cancel: threading.Event | None = None, on_budget: str = "cut") -> Result:
-    """Decode one sequence: a batch of one on an engine of its own, in this thread.
+    """Deprecated: decode one sequence as a batch of one on an engine and a padded runner of its
+    own, built for this call, in this thread. It warns and works as before for one release.
+
+    Use the path ``Generator`` and ``serve`` run: ``cdsl_struct.Generator`` (``generate``), or by
+    hand a ``BatchEngine`` on ``models.batch_runner(model)`` (the ragged runner where the model
+    supports it), kept for many requests: ``engine.run([Request(prompt, compiled, ...)])``, whose
+    ``Request`` takes these same arguments (``cancel`` is its ``cancel_event``).
 
     ``proposers`` speculate (``k`` tokens per step at most, forced tokens up to ``MAX_FORCED``
     more); ``strategy`` steps the row instead (CDLH, CDSL). ``on_tokens`` receives each step's
     committed tokens; ``cancel``, once set, ends it at the next step (``finish_reason="cancelled"``).
     ``on_budget``: as ``Request``'s. The passes are added to ``target``'s counters.
     """
+    warnings.warn("decoding.decode() is deprecated: it builds a padded one-row engine per call; use "
+                  "cdsl_struct.Generator, or BatchEngine(batch_runner(model)).run([Request(...)])",
+                  DeprecationWarning, stacklevel=2)
     request = Request(tuple(prompt), compiled, params or SamplingParams(), max_tokens, tuple(proposers), k,
                       on_tokens, cancel_event=cancel, strategy=strategy, on_budget=on_budget)
     runner = BatchRunner(target.model, target.name, prefix_cache_bytes=0)
@@ -780,29 +552,3 @@ def decode(target: ModelRunner, compiled: CompiledConstraint, prompt: Sequence[i
         target.passes += runner.passes
         target.positions += runner.positions
         target.seconds += runner.seconds
-
-
-def default_prefill_budget(device: Any, total_memory: int | None = None) -> int:
-    """Prompt positions one step prefills by default on ``device``: ``DEFAULT_PREFILL_BUDGET`` on a
-    CPU (tuned on two cores); on a GPU the per-step token budget vLLM's server starts with, 8192 on
-    a card of 70 GiB or more (H100, H200) and 2048 on a smaller one (or on MPS), where a prefill of
-    that size costs a few tens of milliseconds. ``total_memory``: the card's bytes (default: asked
-    of CUDA)."""
-    device = torch.device(device)
-    if device.type == "cpu":
-        return DEFAULT_PREFILL_BUDGET
-    if device.type == "cuda":
-        if total_memory is None:
-            total_memory = torch.cuda.get_device_properties(device).total_memory
-        return 8192 if total_memory >= 70 * 2**30 else 2048
-    return 2048
-
-
-def default_kv_budget(device: Any) -> float:
-    """A quarter of the memory free on ``device`` (the host's available RAM for the CPU)."""
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return free / 4
-    import psutil
-
-    return psutil.virtual_memory().available / 4
