@@ -64,8 +64,9 @@ from .streaming import AsyncTextStream, TextStream, Thought
 from .tools import ToolCall, tool_from_function
 
 if TYPE_CHECKING:
-    from .api import Generator, agenerate, agenerate_batch, astream, generate, generate_batch, stream
+    from .api import Generator
     from .models.tokenizers import NAMED_TOKENIZERS, load_tokenizer
+    from .verbs import agenerate, agenerate_batch, astream, generate, generate_batch, stream
 
 __version__ = "0.1.0"
 
@@ -130,7 +131,7 @@ __all__ = [
 
 # Submodules that ``import cdsl_struct`` used to load (so were attributes of the package); they
 # are imported when first read as one, e.g. ``cdsl_struct.decoding``.
-_LAZY_SUBMODULES = frozenset({"api", "decoding", "models", "paths", "prompts", "rewards"})
+_LAZY_SUBMODULES = frozenset({"api", "calls", "decoding", "models", "paths", "prompts", "rewards", "verbs"})
 
 
 _API_NAMES = frozenset({"Generator", "generate", "generate_batch", "stream", "agenerate", "agenerate_batch",
@@ -139,8 +140,10 @@ _API_NAMES = frozenset({"Generator", "generate", "generate_batch", "stream", "ag
 
 def __getattr__(name: str) -> Any:
     """The names that need torch or transformers, imported on first access."""
-    if name in _API_NAMES:
+    if name == "Generator":
         from . import api as home
+    elif name in _API_NAMES:
+        from . import verbs as home
     elif name in ("NAMED_TOKENIZERS", "load_tokenizer"):
         from .models import tokenizers as home
     elif name in _LAZY_SUBMODULES:

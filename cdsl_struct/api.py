@@ -10,49 +10,51 @@ with every other row's. ``generate()`` keeps one Generator per model and draft.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from dataclasses import dataclass, fields, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 import torch
 from typing_extensions import Unpack
 
+from .calls import (
+    Call,
+    answer_spec,
+    budget_mode,
+    deprecated_shape,
+    named_errors,
+    partial_reader_for,
+    read_calls,
+    reward_for,
+    split_batch,
+)
 from .constraints import (
-    Choice,
     CompiledConstraint,
-    ConstraintSpec,
-    Grammar,
     JsonSchema,
     Regex,
     TokenVocabulary,
     compile,
 )
 from .constraints.reasoning import Reasoning, with_reasoning
-from .constraints.specs import as_spec
 from .constraints.whitespace import DEFAULT_WHITESPACE
 from .decoding import DraftModelProposer, SamplingParams, build_proposers
 from .decoding.engine import BatchEngine, EngineLoad, Request
 from .decoding.lookahead import CDLH, CDSL
 from .decoding.loops import SENTENCE_GUARD
-from .decoding.penalties import Penalties
 from .decoding.stops import StopHoldback
-from .errors import CdslError, InvalidArgument, PromptTooLong
+from .errors import InvalidArgument, PromptTooLong
 from .models.compiled import compile_for, compile_mode
 from .models.loading import LoadedModel, load_model
 from .models.runner import ModelRunner, self_draft
 from .models.self_check import batch_runner
-from .options import Method, one_constraint
+from .options import Method
 from .params import GenerationParams, ParamOverrides
 from .prompts import prompt_ids
-from .result import DecodeStats, Result, parse_value
-from .rewards import KeywordCoverage, Reward, WeightedMean
-from .rewards.base import as_reward
+from .result import Result
+from .rewards import Reward
 from .streaming import (
     AsyncTextStream,
     PartialValues,
@@ -60,10 +62,8 @@ from .streaming import (
     TextStream,
     ThoughtDeltas,
     legacy_stream,
-    partial_calls_reader,
-    partial_reader,
 )
-from .tools import InvalidToolCall, ToolCallsGrammar, ToolRequest, parse_tool_output, tool_request
+from .tools import ToolCallsGrammar, tool_request
 from .tools.formats import resolve_format
 
 FREE_TEXT = r"[\s\S]*"
@@ -83,51 +83,7 @@ def cdsl_self_draft(device: Any) -> str:
     return CDSL_SELF_DRAFT if torch.device(device).type == "cpu" else CDSL_SELF_DRAFT_OFF_CPU
 
 
-KEYWORD_MAX_REPEATS = 2
-"""``keywords=``: each keyword may appear this often before repeats lower the reward (stuffing never scores)."""
-
 Emit = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class _Call:
-    """One ``generate`` call, resolved: what to decode under, how, and for how long."""
-
-    compiled: CompiledConstraint
-    method: Method
-    """``params.method`` resolved for this Generator (never ``AUTO``)."""
-    params: GenerationParams
-    sampling: SamplingParams
-    reward: Reward | None = None
-    tools: ToolRequest | None = None
-    system: str | None = None
-    answer_format: ConstraintSpec | None = None
-    """With tools: the spec of an answer that is not a call (``schema=`` beside ``tools``)."""
-    reasoning: Reasoning | None = None
-    """Think first, then answer under ``compiled`` (``reasoning=``)."""
-
-    @property
-    def penalties(self) -> Penalties | None:
-        return Penalties(self.params.presence_penalty, self.params.frequency_penalty) \
-            if self.params.penalised else None
-
-
-def _budget_mode(call: _Call) -> str:
-    """``close`` or ``cut`` for ``call`` (``GenerationParams.on_budget``; ``auto``: close JSON and
-    grammar answers; cut tool calls, whose closing would invent arguments an agent might run)."""
-    mode = call.params.on_budget
-    if mode == "auto":
-        closable = call.tools is None and isinstance(call.compiled.spec, (JsonSchema, Grammar))
-        return "close" if closable else "cut"
-    return mode
-
-
-def _partial_reader(call: _Call) -> Callable[[str], Any] | None:
-    """How a stream of ``call`` reads partial values: its JSON schema's, or under tools the calls
-    begun so far with their partial arguments."""
-    if call.tools is not None:
-        return partial_calls_reader(call.tools.format)
-    return partial_reader(call.compiled.spec)
 
 
 def on_own_thread(build: Callable[[], Any]) -> Any:
@@ -311,7 +267,7 @@ class Generator:
         if stream and batch:
             raise ValueError("stream=True takes one prompt, not a list of prompts")
         if stream or batch:
-            warnings.warn(_deprecated_shape(prompt, stream), DeprecationWarning, stacklevel=2)
+            warnings.warn(deprecated_shape(prompt, stream), DeprecationWarning, stacklevel=2)
         if stream:
             return legacy_stream(self._text_stream(call, encoded[0], cancel))  # type: ignore[return-value]
         if batch:
@@ -325,7 +281,7 @@ class Generator:
         ``seed``, row ``i`` samples with ``seed + i``). ``options``: those of ``generate``."""
         if "stream" in options:
             raise ValueError("generate_batch() does not stream; use stream() for one prompt")
-        if isinstance(prompts, str) or not _split_batch(prompts)[1]:
+        if isinstance(prompts, str) or not split_batch(prompts)[1]:
             raise ValueError("generate_batch() takes a list of prompts (strings or message lists); "
                              "use generate() for one")
         call, encoded, _ = self._prepare(prompts, **options)
@@ -340,7 +296,7 @@ class Generator:
         decoding starts when the stream is first read. ``options``: those of ``generate``."""
         if "stream" in options:
             raise ValueError("stream() always streams; pass no stream= argument")
-        if _split_batch(prompt)[1]:
+        if split_batch(prompt)[1]:
             raise ValueError("stream() takes one prompt; use generate_batch() for a list of prompts")
         call, encoded, _ = self._prepare(prompt, **options)
         return self._text_stream(call, encoded[0], cancel)
@@ -353,7 +309,7 @@ class Generator:
         ``options``: those of ``generate``."""
         if "stream" in options:
             raise ValueError("agenerate() does not stream; use astream()")
-        if _split_batch(prompt)[1]:
+        if split_batch(prompt)[1]:
             raise ValueError("agenerate() takes one prompt; use agenerate_batch() for a list of prompts")
 
         def work(_emit: Emit, event: threading.Event) -> Result:
@@ -378,14 +334,14 @@ class Generator:
         ``options``: those of ``generate``."""
         if "stream" in options:
             raise ValueError("astream() always streams; pass no stream= argument")
-        if _split_batch(prompt)[1]:
+        if split_batch(prompt)[1]:
             raise ValueError("astream() takes one prompt; use agenerate_batch() for a list of prompts")
 
         partials = PartialValues()  # its reader is known once the constraint resolved, on the thread
 
         def work(emit: Emit, event: threading.Event) -> Result:
             call, encoded, _ = self._prepare(prompt, **options)
-            partials.reader = _partial_reader(call)
+            partials.reader = partial_reader_for(call)
             return self._run(call, encoded[0], emit, event)
 
         return AsyncTextStream(work, cancel, partials)
@@ -412,23 +368,23 @@ class Generator:
                  grammar: Any = None, keywords: Any = None, reward: Any = None, tools: Any = None,
                  tool_choice: Any = "auto", parallel_tool_calls: bool = True, reasoning: Any = None,
                  params: GenerationParams | None = None, chat: bool = True, compile_timeout: float | None = None,
-                 **overrides: Any) -> tuple[_Call, list[list[int]], bool]:
+                 **overrides: Any) -> tuple[Call, list[list[int]], bool]:
         """A request resolved (constraint compiled) and its prompts encoded: (call, prompts' ids, is_batch)."""
         chosen = GenerationParams.of(params, **overrides)
         call = self._resolve(chosen, schema=schema, regex=regex, choices=choices, grammar=grammar, keywords=keywords,
                              reward=reward, tools=tools, tool_choice=tool_choice,
                              parallel_tool_calls=parallel_tool_calls, compile_timeout=compile_timeout)
-        with _argument("reasoning"):
+        with named_errors("reasoning"):
             call = replace(call, reasoning=Reasoning.of(reasoning))
-        prompts, batch = _split_batch(prompt)
+        prompts, batch = split_batch(prompt)
         thinking = call.reasoning is not None
         return call, [self._encode(p, chat, call.system, chosen.max_tokens, thinking) for p in prompts], batch
 
-    def _text_stream(self, call: _Call, prompt: list[int], cancel: threading.Event | None) -> TextStream:
+    def _text_stream(self, call: Call, prompt: list[int], cancel: threading.Event | None) -> TextStream:
         return TextStream(lambda emit, event: self._run(call, prompt, emit, event), cancel,
-                          PartialValues(_partial_reader(call)))
+                          PartialValues(partial_reader_for(call)))
 
-    def _run_batch(self, call: _Call, encoded: list[list[int]], cancel: threading.Event | None) -> list[Result]:
+    def _run_batch(self, call: Call, encoded: list[list[int]], cancel: threading.Event | None) -> list[Result]:
         """Decode prompts (token ids) as rows of one batch; with a seed, row ``i`` samples with ``seed + i``."""
         if len(encoded) == 1:
             return [self._run(call, encoded[0], None, cancel)]
@@ -442,11 +398,11 @@ class Generator:
 
     def _resolve(self, params: GenerationParams, *, schema: Any, regex: Any, choices: Any, grammar: Any,
                  keywords: Any, reward: Any, tools: Any, tool_choice: Any, parallel_tool_calls: bool,
-                 compile_timeout: float | None = None) -> _Call:
+                 compile_timeout: float | None = None) -> Call:
         sampling = SamplingParams(temperature=params.temperature, top_p=params.top_p, seed=params.seed)
-        with _argument("keywords" if keywords is not None else "reward"):
-            steer = _reward(keywords, reward)
-        with _argument("method"):
+        with named_errors("keywords" if keywords is not None else "reward"):
+            steer = reward_for(keywords, reward)
+        with named_errors("method"):
             chosen = self.choose_method(params.method, steer is not None)
         if chosen.steered:
             if not sampling.greedy:
@@ -455,9 +411,9 @@ class Generator:
             if params.penalised or params.logprobs is not None:
                 raise InvalidArgument(f"method {chosen.value!r} does not take penalties or logprobs",
                                       param="logprobs" if params.logprobs is not None else "presence_penalty")
-        with _argument("tools", "tool_choice"):
+        with named_errors("tools", "tool_choice"):
             calls = tool_request(tools, tool_choice, parallel_tool_calls, self.tool_format)
-        spec = _answer_spec(schema=schema, regex=regex, choices=choices, grammar=grammar)
+        spec = answer_spec(schema=schema, regex=regex, choices=choices, grammar=grammar)
         system = None
         if calls is not None:
             if spec is not None and not isinstance(spec, JsonSchema):
@@ -469,7 +425,7 @@ class Generator:
                                     compile_timeout)
         else:
             compiled = self.compile(spec if spec is not None else Regex(FREE_TEXT), compile_timeout)
-        return _Call(compiled, chosen, params, sampling, steer, calls, system,
+        return Call(compiled, chosen, params, sampling, steer, calls, system,
                      spec if calls is not None else None)
 
     def compile(self, spec: Any, timeout: float | None = None) -> CompiledConstraint:
@@ -483,7 +439,7 @@ class Generator:
     def _encode(self, prompt: Any, chat: bool, system: str | None, max_tokens: int,
                 thinking: bool = False) -> list[int]:
         param = "prompt" if isinstance(prompt, str) else "messages"
-        with _argument(param):
+        with named_errors(param):
             ids = prompt_ids(self.tokenizer, prompt, chat=chat, system=system, thinking=thinking)
         if not ids:  # checked for every prompt before any decodes, whatever the method
             raise InvalidArgument("a request needs at least one prompt token; this prompt encodes to none",
@@ -498,17 +454,17 @@ class Generator:
 
     # --- decoding -----------------------------------------------------------------------------
 
-    def _run(self, call: _Call, prompt: list[int], emit: Emit | None = None,
+    def _run(self, call: Call, prompt: list[int], emit: Emit | None = None,
              cancel: threading.Event | None = None) -> Result:
         """Decode one prompt (token ids) for a resolved call; ``emit`` receives text deltas."""
         result = self._decode(call, prompt, emit, cancel)
         if call.tools is not None:
-            result = _read_calls(call.tools, call.answer_format, result)
+            result = read_calls(call.tools, call.answer_format, result)
         ended = result.finish_reason == "stop" or result.closed_by_budget
         unfinished = {} if ended else {"complete": False, "value": None}
         return replace(result, method=call.method.value, prompt_tokens=len(prompt), **unfinished)
 
-    def _decode(self, call: _Call, prompt: list[int], emit: Emit | None,
+    def _decode(self, call: Call, prompt: list[int], emit: Emit | None,
                 cancel: threading.Event | None) -> Result:
         compiled, thoughts = self._thinking(call, prompt)
         on_tokens = None
@@ -527,7 +483,7 @@ class Generator:
         row = Request(tuple(prompt), compiled, call.sampling, call.params.max_tokens, tuple(proposers), self.k,
                       on_tokens, stop=call.params.stop, penalties=call.penalties, logprobs=call.params.logprobs,
                       cancel_event=cancel, loop_guard=self.loop_guard,
-                      strategy=self._strategy(call), on_budget=_budget_mode(call))
+                      strategy=self._strategy(call), on_budget=budget_mode(call))
         result = self.engine.submit(row).wait()
         if emit is not None:
             send(holdback.push(deltas.flush()))
@@ -539,19 +495,19 @@ class Generator:
                     emit(piece)
         return result
 
-    def _thinking(self, call: _Call, prompt: list[int]) -> tuple[CompiledConstraint, ThoughtDeltas | None]:
+    def _thinking(self, call: Call, prompt: list[int]) -> tuple[CompiledConstraint, ThoughtDeltas | None]:
         """The constraint a row of ``call`` decodes under (behind a thinking segment with
         ``reasoning=``, which the prompt's end may have opened or closed) and its stream splitter."""
         if call.reasoning is None:
             return call.compiled, None
         tail = self.vocabulary.decode(prompt[-64:]).decode("utf-8", errors="replace")
-        with _argument("reasoning"):
+        with named_errors("reasoning"):
             compiled = with_reasoning(call.compiled, call.reasoning, getattr(self.tokenizer, "chat_template", None),
                                       tail, call.params.max_tokens)
         spec = compiled.spec
         return compiled, ThoughtDeltas(spec.open, spec.close, spec.phase)
 
-    def _strategy(self, call: _Call) -> Any:
+    def _strategy(self, call: Call) -> Any:
         guard = SENTENCE_GUARD if self.loop_guard else None
         if call.method is Method.CDLH:
             return CDLH(call.reward, loop_guard=guard)
@@ -567,204 +523,3 @@ class Generator:
                 self._cdsl_draft = ModelRunner(self_draft(self.loaded.model, kind), name=kind)
             return self._cdsl_draft
 
-
-# --- helpers -----------------------------------------------------------------------------------
-
-
-def _answer_spec(*, schema: Any, regex: Any, choices: Any, grammar: Any) -> ConstraintSpec | None:
-    """The hard constraint named by at most one of the arguments (None: free text)."""
-    one_constraint({"schema": schema, "regex": regex, "choices": choices, "grammar": grammar})
-    if schema is not None:
-        return as_spec(schema)
-    if regex is not None:
-        if isinstance(regex, Regex):
-            return regex
-        if not isinstance(regex, str):
-            raise ValueError(f"regex must be a string, got {type(regex).__name__}")
-        return Regex(regex)
-    if choices is not None:
-        if isinstance(choices, Choice):
-            return choices
-        if isinstance(choices, (str, bytes)) or not isinstance(choices, Sequence) \
-                or not all(isinstance(c, str) for c in choices):
-            raise ValueError("choices must be a list of strings")
-        return Choice(choices)
-    if grammar is not None:
-        if isinstance(grammar, Grammar):
-            return grammar
-        if not isinstance(grammar, (str, Path)):
-            raise ValueError("grammar must be Lark text, a .lark path or a shipped grammar's name")
-        return Grammar(grammar)
-    return None
-
-
-def _read_calls(tools: ToolRequest, answer: ConstraintSpec | None, result: Result) -> Result:
-    """``result`` split into content and calls; a complete output's value is its calls (or, with no
-    call, its answer, parsed by the answer format when there is one)."""
-    complete = result.complete
-    try:
-        output = parse_tool_output(tools, result.text, complete=complete)
-    except InvalidToolCall:  # cannot happen under the constraint; never pass it on as valid
-        complete = False
-        output = parse_tool_output(tools, result.text, complete=False)
-    value = None
-    if complete:
-        value = output.calls or (parse_value(answer, output.content or "") if answer else output.content)
-    return replace(result, content=output.content, tool_calls=output.calls, complete=complete, value=value)
-
-
-def _reward(keywords: Any, reward: Any) -> Reward | None:
-    rewards: list[Reward] = []
-    if keywords is not None:
-        if isinstance(keywords, (str, bytes)) or not all(isinstance(w, str) for w in keywords) or not keywords:
-            raise ValueError("keywords must be a non-empty list of words")
-        rewards.append(KeywordCoverage(keywords, max_repeats=KEYWORD_MAX_REPEATS))
-    if reward is not None:
-        if not callable(reward):
-            raise ValueError("reward must be a Reward or a function fn(text, final) -> float")
-        rewards.append(as_reward(reward))
-    if not rewards:
-        return None
-    return rewards[0] if len(rewards) == 1 else WeightedMean(rewards)
-
-
-def _split_batch(prompt: Any) -> tuple[list[Any], bool]:
-    """(prompts, is_batch): a string or a message list is one prompt; a list of them a batch."""
-    if isinstance(prompt, str):
-        return [prompt], False
-    if not isinstance(prompt, Sequence) or not prompt:
-        raise ValueError("prompt must be a string, a non-empty list of messages, or a list of prompts")
-    if all(isinstance(p, dict) for p in prompt):
-        return [prompt], False
-    if all(isinstance(p, str) for p in prompt) or all(isinstance(p, (list, tuple)) for p in prompt):
-        return list(prompt), True
-    raise ValueError("a list prompt must hold only messages (dicts), only strings, or only message lists")
-
-
-def _deprecated_shape(prompt: Any, stream: bool) -> str | None:
-    """The deprecation message for a ``generate`` call in one of the old shapes (None: the new one)."""
-    if stream:
-        return ("generate(..., stream=True) is deprecated; use stream(prompt, ...), a TextStream that yields the "
-                "text deltas and holds the Result in .result")
-    try:
-        batch = _split_batch(prompt)[1]
-    except ValueError:  # a bad prompt: generate() says so
-        return None
-    return ("generate(list_of_prompts) is deprecated; use generate_batch(prompts, ...), which always returns "
-            "a list of Results") if batch else None
-
-
-def _added(a: DecodeStats, b: DecodeStats) -> DecodeStats:
-    return DecodeStats(**{f.name: getattr(a, f.name) + getattr(b, f.name) for f in fields(DecodeStats)})
-
-
-_generators: dict[tuple, Generator] = {}
-@contextmanager
-def _argument(param: str, named_first: str | None = None) -> Iterator[None]:
-    """Re-raise a plain ``ValueError`` from the block as ``InvalidArgument`` naming ``param`` (or
-    ``named_first`` when the message starts with that name)."""
-    try:
-        yield
-    except (InvalidArgument, CdslError):
-        raise
-    except ValueError as exc:
-        name = named_first if named_first and str(exc).startswith(named_first) else param
-        raise InvalidArgument(str(exc), param=name) from exc
-
-
-_generators_lock = threading.Lock()
-
-
-def cached_generator(model: str | LoadedModel = "smollm2", draft: str | None = "auto",
-                     **options: Any) -> Generator:
-    """The Generator for (model, draft, options), made once and kept for the process."""
-    key = (model if isinstance(model, str) else id(model), draft, tuple(sorted(options.items())))
-    with _generators_lock:
-        if key not in _generators:
-            _generators[key] = Generator(model, draft=draft, **options)
-        return _generators[key]
-
-
-def _module_generator(model: str | LoadedModel, draft: str | None, backend: str, whitespace: str,
-                      compile_timeout: float, device: Any, dtype: Any) -> Generator:
-    return cached_generator(model, draft, backend=backend, whitespace=whitespace, compile_timeout=compile_timeout,
-                            device=device, dtype=dtype)
-
-
-def generate(prompt: str | Sequence[Any], *, model: str | LoadedModel = "smollm2", draft: str | None = "auto",
-             backend: str = "auto", whitespace: str = DEFAULT_WHITESPACE, compile_timeout: float = 30.0,
-             device: Any = "auto", dtype: Any = "auto", **kwargs: Any) -> Result:
-    """``Generator(model, draft=...).generate(prompt, **kwargs)`` with the Generator kept per
-    (model, draft, backend, whitespace, compile_timeout, device, dtype), so the model loads once
-    per process. A list of prompts and ``stream=True`` are deprecated here as on
-    ``Generator.generate``: use ``generate_batch`` and ``stream``.
-    """
-    generator = _module_generator(model, draft, backend, whitespace, compile_timeout, device, dtype)
-    message = _deprecated_shape(prompt, bool(kwargs.get("stream")))
-    if message is None:
-        return generator.generate(prompt, **kwargs)
-    warnings.warn(message, DeprecationWarning, stacklevel=2)  # at the caller's line, once
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return generator.generate(prompt, **kwargs)
-
-
-def generate_batch(prompts: Sequence[str | Sequence[Any]], *, model: str | LoadedModel = "smollm2",
-                   draft: str | None = "auto", backend: str = "auto", whitespace: str = DEFAULT_WHITESPACE,
-                   compile_timeout: float = 30.0, device: Any = "auto", dtype: Any = "auto",
-                   **kwargs: Any) -> list[Result]:
-    """``Generator.generate_batch`` on the Generator ``generate()`` keeps for these options."""
-    return _module_generator(model, draft, backend, whitespace, compile_timeout, device, dtype) \
-        .generate_batch(prompts, **kwargs)
-
-
-def stream(prompt: str | Sequence[Any], *, model: str | LoadedModel = "smollm2", draft: str | None = "auto",
-           backend: str = "auto", whitespace: str = DEFAULT_WHITESPACE, compile_timeout: float = 30.0,
-           device: Any = "auto", dtype: Any = "auto", **kwargs: Any) -> TextStream:
-    """``Generator.stream`` (a ``TextStream``) on the Generator ``generate()`` keeps for these options."""
-    return _module_generator(model, draft, backend, whitespace, compile_timeout, device, dtype) \
-        .stream(prompt, **kwargs)
-
-
-async def agenerate(prompt: str | Sequence[Any], *, model: str | LoadedModel = "smollm2",
-                    draft: str | None = "auto", backend: str = "auto", whitespace: str = DEFAULT_WHITESPACE,
-                    compile_timeout: float = 30.0, device: Any = "auto", dtype: Any = "auto",
-                    **kwargs: Any) -> Result:
-    """``Generator.agenerate`` on the Generator ``generate()`` keeps for these options (loaded off
-    the event loop the first time)."""
-    generator = await asyncio.to_thread(_module_generator, model, draft, backend, whitespace, compile_timeout,
-                                        device, dtype)
-    return await generator.agenerate(prompt, **kwargs)
-
-
-async def agenerate_batch(prompts: Sequence[str | Sequence[Any]], *, model: str | LoadedModel = "smollm2",
-                          draft: str | None = "auto", backend: str = "auto", whitespace: str = DEFAULT_WHITESPACE,
-                          compile_timeout: float = 30.0, device: Any = "auto", dtype: Any = "auto",
-                          **kwargs: Any) -> list[Result]:
-    """``Generator.agenerate_batch`` on the Generator ``generate()`` keeps for these options."""
-    generator = await asyncio.to_thread(_module_generator, model, draft, backend, whitespace, compile_timeout,
-                                        device, dtype)
-    return await generator.agenerate_batch(prompts, **kwargs)
-
-
-def astream(prompt: str | Sequence[Any], *, model: str | LoadedModel = "smollm2", draft: str | None = "auto",
-            backend: str = "auto", whitespace: str = DEFAULT_WHITESPACE, compile_timeout: float = 30.0,
-            device: Any = "auto", dtype: Any = "auto", cancel: threading.Event | None = None,
-            **kwargs: Any) -> AsyncTextStream:
-    """``Generator.astream`` (an ``AsyncTextStream``) on the Generator ``generate()`` keeps for
-    these options; the Generator is made (the model loaded, the first time) on the stream's
-    thread, so the event loop never waits for it."""
-    if kwargs.get("stream") is not None:
-        raise ValueError("astream() always streams; pass no stream= argument")
-    if _split_batch(prompt)[1]:
-        raise ValueError("astream() takes one prompt; use agenerate_batch() for a list of prompts")
-
-    partials = PartialValues()
-
-    def work(emit: Emit, event: threading.Event) -> Result:
-        generator = _module_generator(model, draft, backend, whitespace, compile_timeout, device, dtype)
-        call, encoded, _ = generator._prepare(prompt, **kwargs)
-        partials.reader = _partial_reader(call)
-        return generator._run(call, encoded[0], emit, event)
-
-    return AsyncTextStream(work, cancel, partials)

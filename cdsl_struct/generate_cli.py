@@ -69,8 +69,8 @@ def add_device_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_generate(args: argparse.Namespace) -> int:
     """Run ``generate`` from parsed arguments; a one-line message and exit 2 on bad input."""
-    from .api import cached_generator
     from .streaming import Thought
+    from .verbs import cached_generator
 
     try:
         if args.tree and not args.grammar:

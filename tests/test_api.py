@@ -13,7 +13,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 
 import cdsl_struct as cs
-from cdsl_struct import api
+from cdsl_struct import api, verbs
 from cdsl_struct.api import Generator
 from cdsl_struct.params import GenerationParams
 from cdsl_struct.result import Result
@@ -223,12 +223,12 @@ def test_sampling_is_seeded_and_valid(gen):
 
 
 def test_module_level_generate_reuses_one_generator(smollm2, monkeypatch):
-    monkeypatch.setattr(api, "_generators", {})
+    monkeypatch.setattr(verbs, "_generators", {})
     monkeypatch.setattr(api, "load_model", lambda name, **options: smollm2)
     first = cs.generate("Say yes.", choices=["yes", "no"], max_tokens=3)
     second = cs.generate("Say no.", choices=["yes", "no"], max_tokens=3)
     assert first.value in ("yes", "no") and second.value in ("yes", "no")
-    assert len(api._generators) == 1
+    assert len(verbs._generators) == 1
 
 
 @pytest.mark.parametrize(("kwargs", "error", "match"), [
@@ -463,7 +463,7 @@ def test_the_old_shapes_still_work_and_warn_naming_their_replacement(gen):
 def test_the_new_verbs_never_warn(gen, smollm2, monkeypatch):
     import warnings
 
-    monkeypatch.setattr(api, "_generators", {})
+    monkeypatch.setattr(verbs, "_generators", {})
     monkeypatch.setattr(api, "load_model", lambda name, **options: smollm2)
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)

@@ -10,7 +10,7 @@ import time
 import pytest
 
 import cdsl_struct as cs
-from cdsl_struct import api
+from cdsl_struct import api, verbs
 from cdsl_struct.api import Generator
 from cdsl_struct.result import Result
 
@@ -160,7 +160,7 @@ def test_a_callers_cancel_event_still_cancels(gen):
 
 
 def test_module_level_async_verbs(smollm2, monkeypatch):
-    monkeypatch.setattr(api, "_generators", {})
+    monkeypatch.setattr(verbs, "_generators", {})
     monkeypatch.setattr(api, "load_model", lambda name, **options: smollm2)
 
     async def both() -> tuple[Result, list[Result], list[str], Result]:
@@ -172,4 +172,4 @@ def test_module_level_async_verbs(smollm2, monkeypatch):
     one, batch, deltas, streamed = run(both())
     assert one.value in ("yes", "no") and [type(r) for r in batch] == [Result, Result]
     assert "".join(deltas) == streamed.text == one.text
-    assert len(api._generators) == 1
+    assert len(verbs._generators) == 1

@@ -10,7 +10,7 @@ import re
 import jsonschema
 import pytest
 
-from cdsl_struct import api
+from cdsl_struct import api, verbs
 from cdsl_struct.cli import main
 from cdsl_struct.generate_cli import EXIT_ERROR, EXIT_INCOMPLETE
 from tests.test_api import GREETING, PASSAGE, PERSON
@@ -19,7 +19,7 @@ from tests.test_api import GREETING, PASSAGE, PERSON
 @pytest.fixture(autouse=True)
 def embedded_model(smollm2, one_torch_thread, monkeypatch):
     """The CLI builds its Generator from the already loaded model (no second load)."""
-    monkeypatch.setattr(api, "_generators", {})
+    monkeypatch.setattr(verbs, "_generators", {})
     monkeypatch.setattr(api, "load_model", lambda name, **options: smollm2)
 
 

@@ -8,7 +8,7 @@ import inspect
 import pytest
 
 import cdsl_struct as cs
-from cdsl_struct.api import Generator, generate
+from cdsl_struct.api import Generator
 from cdsl_struct.bulk.cli import add_batch_parser, job_from_args
 from cdsl_struct.bulk.job import BatchJob
 from cdsl_struct.constraints.compiler import compile as compile_spec
@@ -18,6 +18,7 @@ from cdsl_struct.prompts import prompt_ids
 from cdsl_struct.server.app import serve
 from cdsl_struct.server.cli import add_serve_parser
 from cdsl_struct.tools.grammar import ToolCallsGrammar
+from cdsl_struct.verbs import generate
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
                                            "city": {"type": "string"}},

@@ -265,6 +265,7 @@ def embedded(smollm2, one_torch_thread):
     Generators they make are closed at the end."""
     import cdsl_struct.api as api
     import cdsl_struct.models.loading as loading
+    import cdsl_struct.verbs as verbs
 
     real = loading.load_model
 
@@ -272,7 +273,7 @@ def embedded(smollm2, one_torch_thread):
         same = name == "smollm2" and not args and not kw and device == "auto" and dtype == "auto"
         return smollm2 if same else real(name, *args, device=device, dtype=dtype, **kw)
 
-    made_before = set(api._generators)
+    made_before = set(verbs._generators)
     patch = pytest.MonkeyPatch()
     patch.setattr(loading, "load_model", load_model)
     patch.setattr(api, "load_model", load_model)
@@ -282,8 +283,8 @@ def embedded(smollm2, one_torch_thread):
     for namespace in namespaces.values():
         if hasattr(namespace.get("gen"), "close"):
             namespace["gen"].close()
-    for key in set(api._generators) - made_before:
-        api._generators.pop(key).close()
+    for key in set(verbs._generators) - made_before:
+        verbs._generators.pop(key).close()
 
 
 @pytest.mark.parametrize("snippet", RUN, ids=[f"line{s.line}" for s in RUN])
