@@ -25,7 +25,7 @@ assets: setup
 # The models' tests once more on the stock linear layers (no oneDNN prepacking): the path every
 # CPU without oneDNN's bf16 kernels (AVX2 only) takes for bf16, and any build without oneDNN.
 test: assets
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30
 	CDSL_PACK=0 $(PY) -m pytest -q tests/models --ignore=tests/models/test_packed.py
 
 demo: assets
