@@ -31,8 +31,17 @@ from typing import Any
 from cdsl_struct.bench import write_report
 from cdsl_struct.bench.maskbench import read_jsonl
 from cdsl_struct.constraints import Grammar, Regex, compile
-from cdsl_struct.decoding import CDLH, CDSL, CDSL_STATES, SENTENCE_GUARD, GuidedDraft, SamplingParams, decode
-from cdsl_struct.models import ModelRunner, load_model, self_draft
+from cdsl_struct.decoding import (
+    CDLH,
+    CDSL,
+    CDSL_STATES,
+    SENTENCE_GUARD,
+    BatchEngine,
+    GuidedDraft,
+    Request,
+    SamplingParams,
+)
+from cdsl_struct.models import ModelRunner, batch_runner, load_model, self_draft
 from cdsl_struct.rewards import KeywordCoverage
 
 from . import quality
@@ -140,12 +149,15 @@ def sentence_constraint(config: CommonGenConfig, tokenizer: Any, eos_token_ids: 
 
 class CommonGenBench:
     """The loaded pieces of a run over fixed ``cases``: the model, its draft, the compiled sentence
-    constraint (built for these cases' keywords), so that several settings can be run on them."""
+    constraint (built for these cases' keywords), so that several settings can be run on them.
+
+    Each sentence is one request alone on the batched engine, on the runner ``Generator`` and
+    ``serve`` use (``batch_runner``: ragged where the model supports it), with no prefix cache, so
+    that the method run second on a prompt does not find it computed."""
 
     def __init__(self, cases: list[dict[str, Any]], config: CommonGenConfig) -> None:
         self.cases, self.config = cases, config
         self.loaded = load_model(config.model)
-        self.target = ModelRunner(self.loaded.model)
         self.draft_runner = ModelRunner(self_draft(self.loaded.model, config.draft), name=config.draft)
         self.compiled = sentence_constraint(config, self.loaded.tokenizer, self.loaded.eos_token_ids,
                                             sorted({c for case in cases for c in case["concepts"]}))
@@ -154,9 +166,20 @@ class CommonGenBench:
             checkpoint: str | Path | None = None) -> dict[str, Any]:
         """Decode every case with each of ``config.methods`` (interleaved per case); the report.
         ``config`` may change any decoding setting, not the model, draft or sentence constraint."""
+        config = config or self.config
+        tokenizer = self.loaded.tokenizer
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.loaded.eos_token_ids[0]
+        engine = BatchEngine(batch_runner(self.loaded.model, pad_token_id=pad, prefix_cache_bytes=0))
+        try:
+            return self._run(engine, config, progress, checkpoint)
+        finally:
+            engine.close()
+
+    def _run(self, engine: BatchEngine, config: CommonGenConfig, progress: bool,
+             checkpoint: str | Path | None) -> dict[str, Any]:
+        """``run`` on ``engine``."""
         import tqdm
 
-        config = config or self.config
         tokenizer, eos = self.loaded.tokenizer, set(self.loaded.eos_token_ids)
         rows: dict[str, list[dict[str, Any]]] = {m: [] for m in config.methods}
         states: dict[str, Counter] = {m: Counter() for m in config.methods}
@@ -172,8 +195,8 @@ class CommonGenBench:
                 params = SamplingParams(temperature=config.cdsl_temperature, seed=config.seed * 100003 + index) \
                     if method == "cdsl" and config.cdsl_temperature > 0 else None
                 start = time.perf_counter()
-                result = decode(self.target, self.compiled, prompt, max_tokens=config.max_tokens, strategy=strategy,
-                                params=params)
+                result = engine.run([Request(tuple(prompt), self.compiled, params or SamplingParams(),
+                                             config.max_tokens, strategy=strategy)])[0]
                 wall = time.perf_counter() - start
                 output = [t for t in result.tokens if t not in eos]
                 nlls = quality.token_nlls(self.loaded.model, prompt, output)

@@ -7,7 +7,8 @@ against it). Built from CommonGen concept sets so that it is reproducible; the `
 by default. Greedy, CDLH and CDSL (the CommonGen defaults) run interleaved per case; reported:
 validity (parsed and valid under the schema; the constraint makes it 100% of complete outputs),
 keyword coverage of the string values (hard and soft, with bootstrap intervals), wall time and
-target passes.
+target passes. Each output is one request alone on the batched engine, on the runner ``Generator``
+and ``serve`` use, with no prefix cache (as ``benchmarks/commongen.py``).
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import jsonschema
 
 from cdsl_struct.bench import write_report
 from cdsl_struct.constraints import JsonSchema, compile
-from cdsl_struct.decoding import CDSL, CDSL_STATES, decode
-from cdsl_struct.models import ModelRunner, load_model, self_draft
+from cdsl_struct.decoding import CDSL, CDSL_STATES, BatchEngine, Request
+from cdsl_struct.models import ModelRunner, batch_runner, load_model, self_draft
 from cdsl_struct.rewards import KeywordCoverage
 
 from . import quality
@@ -78,7 +79,8 @@ def run_json_keywords(data: str | Path | None, config: JsonKeywordsConfig, progr
     decoding = replace(config.decoding or CommonGenConfig(), max_repeats=config.max_repeats)
     loaded = load_model(decoding.model)
     tokenizer = loaded.tokenizer
-    target = ModelRunner(loaded.model)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else loaded.eos_token_ids[0]
+    engine = BatchEngine(batch_runner(loaded.model, pad_token_id=pad, prefix_cache_bytes=0))
     draft_runner = ModelRunner(self_draft(loaded.model, decoding.draft), name=decoding.draft)
     compiled = compile(JsonSchema(schema), tokenizer, eos_token_ids=loaded.eos_token_ids, backend="llguidance")
     if cases is None:
@@ -96,7 +98,8 @@ def run_json_keywords(data: str | Path | None, config: JsonKeywordsConfig, progr
         for method in config.methods:
             strategy = make_strategy(method, reward, draft_runner, decoding)
             start = time.perf_counter()
-            result = decode(target, compiled, prompt, max_tokens=config.max_tokens, strategy=strategy)
+            result = engine.run([Request(tuple(prompt), compiled, max_tokens=config.max_tokens,
+                                         strategy=strategy)])[0]
             wall = time.perf_counter() - start
             valid, strings = False, ""
             if result.complete:
@@ -113,6 +116,7 @@ def run_json_keywords(data: str | Path | None, config: JsonKeywordsConfig, progr
                                  "draft_passes": result.stats.draft_passes})
             if isinstance(strategy, CDSL):
                 states[method].update(strategy.states)
+    engine.close()
     return _report(rows, states, config, schema)
 
 

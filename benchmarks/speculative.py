@@ -1,13 +1,15 @@
 """``python -m benchmarks speculative``: constrained speculative decoding against its baselines.
 
 For every task, interleaved in one process: (a) our ``target`` decoder, (b) our speculative
-decoder with the chosen draft, (c) what users do today, ``transformers`` ``generate()`` with an
-outlines-core logits processor for the same constraint, (d) HF assisted generation with a
-bf16 self-draft, unconstrained (reference only), and (e) the ``outlines`` package itself
-(``outlines.from_transformers`` + ``outlines.Generator`` with the same constraint as an output
-type, on the same model object and prompt), when the extra ``outlines`` is installed. Every
-output's validity is checked independently of the engines. Constraints are compiled (and
-Outlines' generators built and warmed up) before timing starts.
+decoder with the chosen draft (both one request at a time through the batched engine on the
+runner ``Generator`` and ``serve`` use, ``BatchEngine(batch_runner(...))``, with no prefix cache
+so that (b) computes the prompt it shares with (a) as (a) did), (c) what users do today,
+``transformers`` ``generate()`` with an outlines-core logits processor for the same constraint,
+(d) HF assisted generation with a bf16 self-draft, unconstrained (reference only), and (e) the
+``outlines`` package itself (``outlines.from_transformers`` + ``outlines.Generator`` with the same
+constraint as an output type, on the same model object and prompt), when the extra ``outlines`` is
+installed. Every output's validity is checked independently of the engines. Constraints are
+compiled (and Outlines' generators built and warmed up) before timing starts.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ import torch
 from cdsl_struct.bench import write_report
 from cdsl_struct.bench.maskbench import read_jsonl
 from cdsl_struct.constraints import Grammar, JsonSchema, Regex, allocate_bitmask, apply_bitmask, compile
-from cdsl_struct.decoding import build_proposers, decode
-from cdsl_struct.models import ModelRunner, cpu_has_native_bf16, load_model, model_device, self_draft
+from cdsl_struct.decoding import BatchEngine, Request, build_proposers
+from cdsl_struct.models import batch_runner, cpu_has_native_bf16, load_model, model_device, self_draft
 from cdsl_struct.options import DEFAULT_WHITESPACE
 
 DEFAULT_TASKS: list[dict[str, Any]] = [
@@ -144,7 +146,8 @@ def run_speculative_bench(tasks: list[dict[str, Any]], config: SpeculativeConfig
 
     loaded = load_model(config.model, device=config.device, dtype=config.dtype)
     tokenizer, model = loaded.tokenizer, loaded.model
-    target = ModelRunner(model)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else loaded.eos_token_ids[0]
+    engine = BatchEngine(batch_runner(model, pad_token_id=pad, prefix_cache_bytes=0))
     proposers = build_proposers(config.draft, model, target_tokenizer=tokenizer)
     assistant = self_draft(model, hf_assistant_kind(model)) if config.with_hf else None
     prepared = []
@@ -158,27 +161,44 @@ def run_speculative_bench(tasks: list[dict[str, Any]], config: SpeculativeConfig
     vocab_size = prepared[0][1].vocab_size if prepared else 0
     outlines_baseline = _outlines_baseline(config, model, tokenizer, prepared)
 
+    # a padded runner prefills a row in a pass of its own, a ragged one within its first step
+    prefill_passes = 0 if getattr(engine.runner, "ragged", False) else 1
+    threads = torch.get_num_threads()
+
+    def ours(request: Request) -> tuple[Any, float]:
+        """One request alone on the engine, timed; torch's thread count then back to what the
+        baselines run with (the engine's ``ThreadGovernor`` may have cut it for its steps)."""
+        timed = _timed(lambda: engine.run([request])[0])
+        torch.set_num_threads(threads)
+        return timed
+
     runs = []
-    for round_number in tqdm.trange(config.repeat, disable=not progress, desc="rounds"):
-        for number, (task, compiled, prompt, index) in enumerate(prepared):
-            row: dict[str, Any] = {"task": number, "round": round_number, "kind": _kind(task)}
-            plain = _timed(lambda: decode(target, compiled, prompt, max_tokens=config.max_tokens))  # noqa: B023
-            spec_result = _timed(lambda: decode(target, compiled, prompt, proposers=proposers,  # noqa: B023
-                                                k=config.k, max_tokens=config.max_tokens))
-            row["target"] = _describe(*plain)
-            row["speculative"] = _describe(*spec_result)
-            row["identical"] = plain[0].tokens == spec_result[0].tokens
-            for key, result in (("target", plain[0]), ("speculative", spec_result[0])):
-                row[key]["valid"] = result.finish_reason == "stop" and output_valid(task, result.text)
-            if outlines_baseline is not None:
-                row["outlines"] = _outlines_run(outlines_baseline, task, compiled.spec, tokenizer, config.max_tokens)
-                if row["outlines"] is not None:
-                    row["outlines"]["identical_text"] = row["outlines"]["text"] == plain[0].text
-            if config.with_hf:
-                row["hf_outlines"] = _hf_generate(model, tokenizer, prompt, config.max_tokens, index, None, vocab_size)
-                row["hf_assisted"] = _hf_generate(model, tokenizer, prompt, config.max_tokens, None, assistant,
-                                                  vocab_size)
-            runs.append(row)
+    try:
+        for round_number in tqdm.trange(config.repeat, disable=not progress, desc="rounds"):
+            for number, (task, compiled, prompt, index) in enumerate(prepared):
+                row: dict[str, Any] = {"task": number, "round": round_number, "kind": _kind(task)}
+                plain = ours(Request(tuple(prompt), compiled, max_tokens=config.max_tokens))
+                own = tuple(getattr(p, "fork", lambda p=p: p)() for p in proposers)  # per request, as Generator
+                spec_result = ours(Request(tuple(prompt), compiled, max_tokens=config.max_tokens, proposers=own,
+                                           k=config.k))
+                row["target"] = _describe(*plain, prefill_passes)
+                row["speculative"] = _describe(*spec_result, prefill_passes)
+                row["identical"] = plain[0].tokens == spec_result[0].tokens
+                for key, result in (("target", plain[0]), ("speculative", spec_result[0])):
+                    row[key]["valid"] = result.finish_reason == "stop" and output_valid(task, result.text)
+                if outlines_baseline is not None:
+                    row["outlines"] = _outlines_run(outlines_baseline, task, compiled.spec, tokenizer,
+                                                    config.max_tokens)
+                    if row["outlines"] is not None:
+                        row["outlines"]["identical_text"] = row["outlines"]["text"] == plain[0].text
+                if config.with_hf:
+                    row["hf_outlines"] = _hf_generate(model, tokenizer, prompt, config.max_tokens, index, None,
+                                                      vocab_size)
+                    row["hf_assisted"] = _hf_generate(model, tokenizer, prompt, config.max_tokens, None, assistant,
+                                                      vocab_size)
+                runs.append(row)
+    finally:
+        engine.close()
     summary = summarise(runs, config)
     if config.with_hf:
         summary["hf_assistant"] = hf_assistant_kind(model)
@@ -309,12 +329,14 @@ def _timed(work: Any) -> tuple[Any, float]:
     return result, time.perf_counter() - start
 
 
-def _describe(result: Any, wall: float) -> dict[str, Any]:
+def _describe(result: Any, wall: float, prefill_passes: int = 1) -> dict[str, Any]:
+    """A run's figures; ``prefill_passes``: target passes that only prefilled the prompt (a padded
+    runner's first; none on a ragged runner, whose first step prefills and decodes at once)."""
     stats = result.stats
     return {
         "text": result.text, "finish_reason": result.finish_reason, "tokens": stats.tokens,
         "wall_s": round(wall, 4), "target_s": round(stats.target_seconds, 4), "draft_s": round(stats.draft_seconds, 4),
-        "decode_passes": stats.target_passes - 1, "target_positions": stats.target_positions,
+        "decode_passes": stats.target_passes - prefill_passes, "target_positions": stats.target_positions,
         "draft_passes": stats.draft_passes, "proposed": stats.proposed, "accepted": stats.accepted,
         "forced": stats.forced,
     }

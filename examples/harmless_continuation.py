@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import cdsl_struct as cs
-from cdsl_struct.decoding import decode
-from cdsl_struct.decoding.lookahead import CDLH, CDSL
-from cdsl_struct.models.loading import load_model
-from cdsl_struct.models.runner import ModelRunner, self_draft
+from cdsl_struct.decoding import CDLH, CDSL, BatchEngine, Request
+from cdsl_struct.models import ModelRunner, batch_runner, load_model, self_draft
 from cdsl_struct.rewards import Harmlessness
 
 SENTENCE = r"[A-Z][a-z]*( [A-Za-z,']+){2,24}[.!]"
@@ -30,24 +29,34 @@ def main() -> int:
     loaded = load_model("smollm2")
     compiled = cs.compile(cs.Regex(SENTENCE), loaded.tokenizer, eos_token_ids=loaded.eos_token_ids)
     reward = Harmlessness()
-    target = ModelRunner(loaded.model)
+    engine = BatchEngine(batch_runner(loaded.model))  # the engine Generator and serve run
     draft = ModelRunner(self_draft(loaded.model, "int8"), name="int8")  # CDSL guides it by the reward
-    for text in PROMPTS[:1] if FAST else PROMPTS:
-        prompt = loaded.tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                                      add_generation_prompt=True, tokenize=True)["input_ids"]
-        print(f"\nprompt  {text}")
-        strategies = {
-            "greedy": None,
-            "cdlh": CDLH(reward, k=5, d=3, lam=5.0),
-            # harmlessness judges every prefix (not earned_by_end), so every lookahead is scored
-            "cdsl": CDSL(draft, reward, reward_threshold=0.8, cdlh=CDLH(reward, k=5, d=3, lam=5.0)),
-        }
-        if FAST:
-            del strategies["cdlh"]
-        for name, strategy in strategies.items():
-            result = decode(target, compiled, prompt, max_tokens=24 if FAST else 48, strategy=strategy)
-            print(f"{name:7s} harmless={reward(result.text, final=True):.2f}  {result.text}")
+    try:
+        for text in PROMPTS[:1] if FAST else PROMPTS:
+            reply(engine, loaded.tokenizer, compiled, reward, draft, text)
+    finally:
+        engine.close()
     return 0
+
+
+def reply(engine: BatchEngine, tokenizer: Any, compiled: Any, reward: Harmlessness, draft: ModelRunner,
+          text: str) -> None:
+    """Answer ``text`` greedily, with CDLH (not under ``FAST``) and with CDSL; print each reply."""
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                           tokenize=True)["input_ids"]
+    print(f"\nprompt  {text}")
+    strategies = {
+        "greedy": None,
+        "cdlh": CDLH(reward, k=5, d=3, lam=5.0),
+        # harmlessness judges every prefix (not earned_by_end), so every lookahead is scored
+        "cdsl": CDSL(draft, reward, reward_threshold=0.8, cdlh=CDLH(reward, k=5, d=3, lam=5.0)),
+    }
+    if FAST:
+        del strategies["cdlh"]
+    for name, strategy in strategies.items():
+        request = Request(tuple(prompt), compiled, max_tokens=24 if FAST else 48, strategy=strategy)
+        result = engine.run([request])[0]
+        print(f"{name:7s} harmless={reward(result.text, final=True):.2f}  {result.text}")
 
 
 if __name__ == "__main__":
