@@ -524,8 +524,8 @@ def decode(target: ModelRunner, compiled: CompiledConstraint, prompt: Sequence[i
            proposers: Sequence[Proposer] = (), k: int = 4, max_tokens: int = 256, params: SamplingParams | None = None,
            on_tokens: Callable[[list[int]], None] | None = None, strategy: Strategy | None = None,
            cancel: threading.Event | None = None, on_budget: str = "cut") -> Result:
-    """Deprecated: decode one sequence as a batch of one on an engine and a padded runner of its
-    own, built for this call, in this thread. It warns and works as before for one release.
+    """Decode one sequence as a batch of one on an engine and a padded runner of its own, built for
+    this call, in this thread. Deprecated: it warns, and works as before for one release.
 
     Use the path ``Generator`` and ``serve`` run: ``cdsl_struct.Generator`` (``generate``), or by
     hand a ``BatchEngine`` on ``models.batch_runner(model)`` (the ragged runner where the model
