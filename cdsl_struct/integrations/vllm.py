@@ -85,6 +85,9 @@ ARG_KEYS = ("cdsl_schema", "cdsl_regex", "cdsl_grammar", "cdsl_choices")
 """The ``extra_args`` keys that carry a constraint (at most one per request)."""
 OPTION_KEYS = ("cdsl_whitespace", "cdsl_backend")
 """Keys passed on to ``compile``."""
+EXTRA_PROPERTIES_KEY = "cdsl_extra_properties"
+"""0 (the default, as ``compile()``, the server and vLLM's own backends) closes JSON objects to the
+keys their ``properties`` declare; 1 compiles the schema exactly as given."""
 GUARD_KEY = "cdsl_loop_guard"
 """1 (the default, as in this library's engine) or 0: steer a row out of a repeating cycle."""
 TOKENIZER_ENV = "CDSL_VLLM_TOKENIZER"
@@ -99,13 +102,16 @@ compile has ``DEFAULT_TIMEOUT_S`` of its own; the rest is room for a queue of co
 
 def constraint_args(*, schema: Any = None, regex: str | None = None, grammar: str | None = None,
                     choices: Sequence[str] | None = None, whitespace: str | None = None,
-                    backend: str | None = None, loop_guard: bool | None = None) -> dict[str, Any]:
+                    backend: str | None = None, loop_guard: bool | None = None,
+                    extra_properties: bool | None = None) -> dict[str, Any]:
     """The ``extra_args`` (``vllm_xargs``) entries that carry one constraint to the processor.
 
     ``schema``: a JSON Schema dict or text, or a pydantic model (sent as its JSON Schema text,
     since ``vllm_xargs`` holds strings, numbers and lists only); ``grammar``: Lark text.
     ``whitespace`` / ``backend`` as ``cdsl_struct.compile``'s. ``loop_guard``: False lets an output
     that repeats one block of tokens run on (on by default, as ``Generator(loop_guard=...)``).
+    ``extra_properties``: True compiles a JSON Schema as given, with no closing of its objects
+    (``compile(extra_properties=...)``).
     """
     one_constraint({"schema": schema, "regex": regex, "grammar": grammar, "choices": choices})
     args: dict[str, Any] = {}
@@ -125,6 +131,8 @@ def constraint_args(*, schema: Any = None, regex: str | None = None, grammar: st
         args["cdsl_backend"] = backend
     if loop_guard is not None:
         args[GUARD_KEY] = int(bool(loop_guard))
+    if extra_properties is not None:
+        args[EXTRA_PROPERTIES_KEY] = int(bool(extra_properties))
     return args
 
 
@@ -133,12 +141,13 @@ def spec_from_args(extra_args: Mapping[str, Any] | None) -> tuple[Any, dict[str,
     Raises ``ValueError`` (typed ``CompileError`` subclasses included) for a bad one."""
     if not extra_args:
         return None
-    known = ARG_KEYS + OPTION_KEYS + (GUARD_KEY,)
+    known = ARG_KEYS + OPTION_KEYS + (GUARD_KEY, EXTRA_PROPERTIES_KEY)
     unknown = sorted(k for k in extra_args if k.startswith(PREFIX) and k not in known)
     if unknown:
         raise ValueError(f"unknown constraint argument {unknown[0]!r}; known: {', '.join(known)}")
-    if extra_args.get(GUARD_KEY, 1) not in (0, 1):
-        raise ValueError(f"{GUARD_KEY} must be 0 or 1, got {extra_args[GUARD_KEY]!r}")
+    for key, default in ((GUARD_KEY, 1), (EXTRA_PROPERTIES_KEY, 0)):
+        if extra_args.get(key, default) not in (0, 1):
+            raise ValueError(f"{key} must be 0 or 1, got {extra_args[key]!r}")
     chosen = one_constraint({key: extra_args.get(key) for key in ARG_KEYS})
     if chosen is None:
         return None
@@ -152,6 +161,8 @@ def spec_from_args(extra_args: Mapping[str, Any] | None) -> tuple[Any, dict[str,
     else:
         spec = Choice(value)
     options = {name[len(PREFIX):]: extra_args[name] for name in OPTION_KEYS if name in extra_args}
+    if extra_args.get(EXTRA_PROPERTIES_KEY):
+        options["extra_properties"] = True
     return spec, options
 
 

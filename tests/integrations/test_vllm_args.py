@@ -57,6 +57,17 @@ def test_the_loop_guard_option_round_trips_and_is_checked():
         spec_from_args({"cdsl_regex": "a+", "cdsl_loop_guard": "yes"})
 
 
+def test_a_schema_is_closed_unless_extra_properties_is_asked_for():
+    open_schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    closed = compile_request(constraint_args(schema=open_schema), "smollm2").new_state()
+    given = compile_request(constraint_args(schema=open_schema, extra_properties=True), "smollm2").new_state()
+    extra = closed.vocabulary.encode('{"a": 1, "b"')
+    assert closed.validate(extra) < len(extra)  # closed: no key but "a"
+    assert given.validate(extra) == len(extra)  # as given: any other key too
+    with pytest.raises(ValueError, match="cdsl_extra_properties must be 0 or 1"):
+        spec_from_args({"cdsl_regex": "a+", "cdsl_extra_properties": 2})
+
+
 @pytest.mark.parametrize("guard", [True, False])
 def test_the_processor_steers_a_row_out_of_a_cycle_unless_asked_not_to(guard):
     """The processor's ``apply`` on its own (no vLLM engine): a row whose output repeats one block
