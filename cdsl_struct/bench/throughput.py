@@ -6,11 +6,10 @@ a fresh ``BatchEngine`` per batch size B, all submitted at once, so B bounds the
 Per B: wall time, tokens/s, requests/s, latency p50/p99 (from the start of the run to the
 request's end, queueing included), target forward passes, the engine's counters, valid outputs
 and the share of requests whose tokens equal the B=1 run's (batch invariance; B=1 itself is
-checked on a few requests against a one-row reference: the padded runner, a batch of one with no
-adaptive width, no mask threads and no prefix cache; the report keeps its old name,
-``b1_equals_decode``). Beside it: the same prompts unconstrained (free text, no drafts)
-at the largest B, as served and with no proposers at all (masks only). Constraints compile before
-timing. Other libraries on the same workload hook in as ``baselines`` (``python -m benchmarks throughput``).
+checked on a few requests against a one-row padded reference with no adaptive width, mask threads
+or prefix cache; the report keeps its old name, ``b1_equals_decode``). Beside it: the same prompts
+unconstrained (free text, no drafts) at the largest B, as served and with no proposers (masks only).
+Constraints compile before timing; other libraries hook in as ``baselines`` (``python -m benchmarks throughput``).
 """
 
 from __future__ import annotations
@@ -270,8 +269,7 @@ def _jobs(loaded: Any, items: list[WorkItem], config: ThroughputConfig) -> tuple
 
 def _reference_check(model: Any, jobs: list[Job], reference: list[list[int]],
                      config: ThroughputConfig) -> dict[str, int]:
-    """How many of the first jobs a one-row reference engine (the padded runner, a batch of one,
-    plain settings) decodes to the B=1 run's tokens."""
+    """How many of the first jobs a one-row padded reference engine decodes to the B=1 run's tokens."""
     checks = min(config.reference_checks, len(jobs))
     engine = BatchEngine(BatchRunner(model, prefix_cache_bytes=0), max_batch_size=1, kv_budget_bytes=float("inf"),
                          mask_workers=0, adaptive_width=False)
