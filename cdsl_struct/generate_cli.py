@@ -35,11 +35,17 @@ def add_generate_parser(commands: Any) -> argparse.ArgumentParser:
     constraint.add_argument("--grammar", metavar="FILE_OR_NAME",
                             help="Lark grammar: a .lark file or a shipped name (json, arithmetic, sql_select, "
                                  "function_call)")
+    constraint.add_argument("--structural-tag", metavar="FILE",
+                            help="structural tag (JSON, as the server's response_format of that type: vLLM's "
+                                 "structures/triggers or XGrammar's format): free text whose tags follow their schemas")
     gen.add_argument("--keywords", metavar="W1,W2",
                      help="comma-separated words the output should use (reward-steered: CDSL or CDLH)")
-    gen.add_argument("--reasoning", nargs="?", type=int, const=-1, default=None, metavar="BUDGET",
-                     help="think first (between the model's markers, at most BUDGET tokens; default half of "
-                          "--max-tokens), then answer under the constraint; the thinking goes to stderr")
+    gen.add_argument("--reasoning", action="store_true",
+                     help="think first (between the model's markers), then answer under the constraint; the "
+                          "thinking goes to stderr")
+    gen.add_argument("--reasoning-budget", type=int, default=None, metavar="TOKENS",
+                     help="with --reasoning (implied): at most this many thinking tokens (default half of "
+                          "--max-tokens)")
     gen.add_argument("--model", default="smollm2",
                      help="model: smollm2 (embedded default), gemma3-270m, an HF id, a folder or a .gguf file")
     gen.add_argument("--draft", default="auto",
@@ -128,12 +134,22 @@ def _constraint_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         from .constraints.specs import Grammar
 
         kwargs["grammar"] = Grammar(args.grammar)  # read (and any unknown name refused) before the model loads
+    if args.structural_tag:
+        from .constraints.structural_tag import from_response_format
+
+        try:
+            given = json.loads(Path(args.structural_tag).read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--structural-tag {args.structural_tag}: not JSON ({exc})") from None
+        kwargs["grammar"] = from_response_format(given)
     if args.keywords:
         kwargs["keywords"] = [w.strip() for w in args.keywords.split(",") if w.strip()]
-    if args.reasoning is not None:
-        if args.reasoning < -1:
-            raise ValueError("--reasoning takes a budget of thinking tokens >= 0")
-        kwargs["reasoning"] = True if args.reasoning == -1 else args.reasoning
+    if args.reasoning_budget is not None:
+        if args.reasoning_budget < 0:
+            raise ValueError("--reasoning-budget takes a count of thinking tokens >= 0")
+        kwargs["reasoning"] = args.reasoning_budget
+    elif args.reasoning:
+        kwargs["reasoning"] = True
     return kwargs
 
 

@@ -280,7 +280,7 @@ def test_optimism_fades_with_the_token_budget():
         max_tokens = 10
 
         @staticmethod
-        def text_of(tokens):
+        def answer_of(tokens):  # the text a reward scores
             return "x" * len(tokens)
 
     half = CallableReward(lambda text: 0.5, name="half")
