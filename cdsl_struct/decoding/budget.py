@@ -1,20 +1,25 @@
 """Closing an answer before ``max_tokens`` cuts it: a valid answer at any budget that allows one.
 
-Near the end of its budget a row asks ``BudgetCloser.plan`` for the shortest way to a complete
-output it can find from its constraint state (``shortest_completion``: a depth-first search that
-tries the tokens that close things first — end a string, close an object or array, the smallest
-value — taking the tokens the constraint forces as they come, and rolls the state back to where it
-was). While the model's own tokens leave room for that completion it decodes freely, one token a
-step (no speculation this close to the end: a step must not outrun the check). Once the room left
-is within ``margin`` of the completion, the row's next tokens are the completion, proposed as
-forced tokens whose masks allow nothing else (``closing_proposal``), then EOS where it fits: one
-step writes them all. The output is valid; its ``finish_reason`` stays ``length`` and
+Near the end of its budget a row asks ``BudgetCloser`` for the shortest way to a complete output
+it can find from its constraint state (``shortest_completion``: a depth-first search that tries
+the tokens that close things first — end a string, close an object or array, the smallest value —
+taking the tokens the constraint forces as they come, and rolls the state back to where it was),
+spelled in as few tokens as the tokenizer writes it (``respell``: the search steps ``"`` then
+``,`` then ``"`` where SmolLM2 writes ``","`` as one token; JSON loses its whitespace outside
+strings). While the model's own tokens leave room for that ending it decodes freely, one token a
+step after the tokens the constraint forces (no speculation this close to the end: a step must not
+outrun the check), a JSON row without whitespace between its tokens. Once the room left is within
+``margin`` of the ending, the row closes: each step allows only the tokens after which an ending
+still fits, the model choosing among them (an enum's member, a number's digits; in a string,
+little but its end), then EOS. The output is valid; its ``finish_reason`` stays ``length`` and
 ``Result.closed_by_budget`` says it was closed early (a string may be short, optional members
-missing). Where no completion fits, the row is cut at ``max_tokens`` as without a closer.
+missing, a number small). Where no ending fits, the row is cut at ``max_tokens`` as without a
+closer.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,26 +27,33 @@ import numpy as np
 
 from ..constraints.mask import allocate_bitmask, set_bit
 from ..errors import InvalidToken
+from .compact_json import lex, strip_outside_strings, whitespace_keep
 
 if TYPE_CHECKING:
     from ..constraints import ConstraintState, TokenVocabulary
-    from .loop import Proposal, Session
+    from .loop import Session
 
 #: a row is first looked at when this many tokens are left (its searches cost engine time)
 MAX_WINDOW = 128
 #: a row is searched again, one token a step, once the room left is within this of its last
 #: ending (more than a speculative step's tokens: a step must not jump past the point to close)
 SLACK = 8
+#: while closing, every allowed token is tried when at most this many are (an enum's members, a
+#: number's digits), else this many over four of those that rank first as closing steps
+CHOICES = 64
+#: the nodes of the quick search that tries one token while closing
+QUICK_NODES = 24
 _BRACKETS = set("}]")
 _SMALL_VALUES = {"0", "1", '""', "[]", "{}", "false", "true", "null", "[", "{"}
-_JOINERS = set(",: ")
+_JOINERS = set(",:")
 
 
 def closing_ranks(vocabulary: TokenVocabulary, size: int) -> np.ndarray:
     """Per token id (``size`` of them: a mask's width), its order as a closing step, lower first:
     ``""`` (the empty string, allowed only where a value starts), ``"`` (it ends a string), tokens
     only of ``}`` and ``]`` (the longer the earlier: each closes more), ``,`` and ``:``, the
-    smallest values, then the rest by length; whitespace and ids past the vocabulary last. (A
+    smallest values, then the rest by length; whitespace (taken only where nothing else is
+    allowed) and ids past the vocabulary last. (A
     token such as ``"]`` is not a closer: at a value it opens a string.)
     Made once per vocabulary."""
     def build(vocab: TokenVocabulary) -> np.ndarray:
@@ -114,12 +126,46 @@ def shortest_completion(state: ConstraintState, limit: int, ranks: np.ndarray, b
     return search(limit)
 
 
+def respell(state: ConstraintState, completion: list[int], before: bytes | None) -> list[int]:
+    """``completion`` spelled in fewer tokens where the state accepts that spelling as a complete
+    output: its text as the tokenizer encodes it, and for JSON (``before``: the JSON written so far,
+    None for other output) also without whitespace outside strings. The search walks the
+    constraint a short token at a time (``"`` then ``,`` then ``"``), where the tokenizer writes
+    ``","`` as one. ``state`` ends where it started."""
+    raw = state.vocabulary.decode(completion)
+    spellings = [raw]
+    if before is not None:
+        spellings.insert(0, strip_outside_strings(raw, lex(before)))
+    best = completion
+    for spelling in spellings:
+        try:
+            tokens = state.vocabulary.encode(spelling.decode("utf-8"))
+        except UnicodeDecodeError:  # the output so far ends inside a character
+            continue
+        same_text = state.vocabulary.decode(tokens) == spelling  # not with a prefix space added
+        if len(tokens) < len(best) and same_text and _completes(state, tokens):
+            best = tokens
+    return best
+
+
+def _completes(state: ConstraintState, tokens: list[int]) -> bool:
+    advanced = 0
+    try:
+        for token in tokens:
+            state.advance(token)
+            advanced += 1
+        return state.is_complete()
+    except InvalidToken:
+        return False
+    finally:
+        state.rollback(advanced)
+
+
 def _candidates(state: ConstraintState, mask: Any, ranks: np.ndarray, eos: np.ndarray, branch: int) -> list[int]:
     """The ``branch`` allowed tokens (EOS aside) that rank first as closing steps, in order."""
     mask.zero_()
     state.fill_mask(mask)
-    allowed = np.flatnonzero(np.unpackbits(mask.numpy().view(np.uint8), bitorder="little")[:len(ranks)])
-    allowed = allowed[~np.isin(allowed, eos)]
+    allowed = _allowed(mask, len(ranks), eos)
     order = ranks[allowed]
     if allowed.size > branch:
         best = np.argpartition(order, branch)[:branch]
@@ -131,14 +177,19 @@ def _candidates(state: ConstraintState, mask: Any, ranks: np.ndarray, eos: np.nd
 class BudgetCloser:
     """A row's budget watch (``Request.on_budget="close"``). It looks first when the room left is
     within ``MAX_WINDOW`` (the shortest ending from there is its ``estimate``), then searches
-    again only while the room left is within ``SLACK`` of the last ending found: there the row
-    decodes one token a step (a longer step could jump past the point to close), elsewhere as
-    usual. ``margin``: the room beyond the ending the model keeps before the closer writes it.
-    The searches run on the engine's thread: a few per row, near its end."""
+    again only while the room left is within ``slack`` of the last ending found: there the row
+    decodes one token a step after the tokens its constraint forces (a longer step could jump past
+    the point to close), and a JSON row within ``compact_window`` of its ending writes compact
+    JSON (``compact_json``). Once the room left is within ``margin`` of the ending, it closes:
+    each step allows only the tokens after which an ending still fits (``closing_mask``), so the
+    model keeps choosing an enum's member or a number's digits while a string it is in ends. The
+    searches run on the engine's thread: a few per row, near its end."""
 
     margin: int = 1
+    slack: int = SLACK
+    compact_window: int = SLACK
     engaged: bool = False
-    """Whether it closed the answer (``Result.closed_by_budget``)."""
+    """Whether it is closing the answer (``Result.closed_by_budget``)."""
     estimate: int | None = None
     """The length of the last ending found (None: none yet)."""
     next_look: int = MAX_WINDOW
@@ -148,60 +199,125 @@ class BudgetCloser:
         """Whether the row is near enough the end of its budget to decode one token a step."""
         room = session.max_tokens - len(session.output)
         if self.engaged:
-            return False
+            return not session.state.finished
         if self.estimate is None:
             if room > self.next_look:
                 return False
-            found = shortest_completion(session.state, room, _ranks(session))
+            found = self._ending(session, room)
             if found is None:  # nothing fits from here yet: a written part may make it shorter
-                self.next_look = room - SLACK
+                self.next_look = room - self.slack
                 return False
             self.estimate = len(found)
-        return room <= self.estimate + self.margin + SLACK
+        return room <= self.estimate + self.margin + self.slack
 
-    def plan(self, session: Session) -> list[int] | None:
-        """The ending to write now, or None while the model may go on (or nothing fits)."""
+    def plan(self, session: Session) -> bool:
+        """Whether the row closes from this step on (checked each step while watching)."""
+        if self.engaged or session.state.finished:
+            return self.engaged
         room = session.max_tokens - len(session.output)
-        if session.state.finished:
-            return None
-        ranks = _ranks(session)
-        completion = shortest_completion(session.state, room, ranks)
+        completion = self._ending(session, room)
         self.estimate = None if completion is None else len(completion)
         if completion is None:
-            self.next_look = room - SLACK
-            return None
+            self.next_look = room - self.slack
+            return False
         if len(completion) + self.margin < room:
-            return None
+            return False
         # about to close: look for a shorter ending first (the first one found is often not), so
         # the model keeps writing while one fits
-        completion = shortest_completion(session.state, room, ranks, nodes=256, improve=True) or completion
+        completion = self._ending(session, room, improve=True) or completion
         self.estimate = len(completion)
-        if len(completion) + self.margin < room:
+        self.engaged = len(completion) + self.margin >= room
+        return self.engaged
+
+    def mask(self, session: Session, proposed: list[int]) -> Any:
+        """The mask of the row's next token while watching, after ``proposed`` (advanced into the
+        state): while closing ``closing_mask``; else the constraint's, less whitespace outside
+        strings for a JSON row within ``compact_window`` of its ending (None: the constraint's,
+        filled later)."""
+        room = session.max_tokens - len(session.output) - len(proposed)
+        if self.engaged:
+            return self.closing_mask(session, proposed, room)
+        if self.estimate is None or room > self.estimate + self.margin + self.compact_window:
             return None
-        self.engaged = True
-        return completion
+        return self._constraint_mask(session, proposed)
+
+    def closing_mask(self, session: Session, proposed: list[int], room: int) -> Any:
+        """Only the tokens after which an ending still fits in ``room``: the first token of the
+        shortest ending found, and each token the constraint allows (at most ``CHOICES`` of them,
+        else those that rank first as closing steps) after which a quick search finds an ending
+        that fits. EOS alone once the output is complete; None (the constraint's own mask: the
+        row is cut as without a closer) where no ending fits."""
+        state, vocab = session.state, session.compiled.vocabulary
+        if state.is_complete():
+            return _only(vocab.eos_token_ids[0], session.compiled.vocab_size)
+        ending = self._ending(session, room, proposed=proposed)
+        if ending is None:
+            return None
+        mask = self._constraint_mask(session, proposed)
+        ranks = _ranks(session)
+        allowed = _allowed(mask, len(ranks), vocab.eos_token_ids)
+        if allowed.size > CHOICES:
+            allowed = np.asarray(_candidates(state, allocate_bitmask(len(ranks)), ranks,
+                                             np.array(vocab.eos_token_ids), CHOICES // 4))
+        mask = _only(ending[0], session.compiled.vocab_size)
+        for token in allowed.tolist():
+            if token != ending[0] and self._fits_after(session, proposed, token, room - 1):
+                set_bit(mask, token)
+        return mask
+
+    def _fits_after(self, session: Session, proposed: list[int], token: int, room: int) -> bool:
+        try:
+            session.state.advance(token)
+        except InvalidToken:
+            return False
+        try:
+            if session.state.is_complete():
+                return True
+            found = shortest_completion(session.state, 2 * room, _ranks(session), branch=2, nodes=QUICK_NODES)
+            if found is None or len(found) <= room:
+                return found is not None
+            return len(respell(session.state, found, _json_written(session, [*proposed, token]))) <= room
+        finally:
+            session.state.rollback(1)
+
+    def _constraint_mask(self, session: Session, proposed: list[int]) -> Any:
+        """The constraint's mask, less whitespace outside strings for a JSON row (where that
+        leaves any token: a policy that requires whitespace keeps it)."""
+        mask = session.current_mask()
+        before = _json_written(session, proposed)
+        if before is None or self.compact_window < 0:
+            return mask
+        compact = mask & whitespace_keep(session.compiled.vocabulary, session.compiled.vocab_size)[lex(before)]
+        return compact if bool(compact.any()) else mask
+
+    def _ending(self, session: Session, room: int, improve: bool = False,
+                proposed: Sequence[int] = ()) -> list[int] | None:
+        """The shortest ending found from the row's state within ``room`` tokens, respelled."""
+        ranks = _ranks(session)
+        # the search's tokens are short, so it may look past the room by as many as respelling saves
+        found = shortest_completion(session.state, 2 * room, ranks, nodes=256 if improve else 96, improve=improve)
+        if found is None:
+            return None
+        found = respell(session.state, found, _json_written(session, proposed))
+        return found if len(found) <= room else None
+
+
+def _json_written(session: Session, proposed: Sequence[int] = ()) -> bytes | None:
+    """The bytes a JSON row wrote so far, ``proposed`` included (None for a row whose output is
+    not JSON)."""
+    if getattr(session.compiled.spec, "kind", "") != "json_schema":
+        return None
+    eos = session.compiled.vocabulary.eos_token_ids
+    return session.compiled.vocabulary.decode([t for t in [*session.output, *proposed] if t not in eos])
 
 
 def _ranks(session: Session) -> np.ndarray:
     return closing_ranks(session.compiled.vocabulary, session.compiled.vocab_size)
 
 
-def closing_proposal(session: Session, completion: list[int], proposal: Proposal) -> None:
-    """Fill ``proposal`` with ``completion`` then EOS where room is left, each position's mask
-    allowing only its token (the last one is the target's own choice, the rest forced)."""
-    vocab_size = session.compiled.vocab_size
-    room = session.max_tokens - len(session.output)
-    tokens = list(completion)
-    if len(tokens) < room:
-        tokens.append(session.compiled.vocabulary.eos_token_ids[0])
-    for token in tokens[:-1]:
-        proposal.masks.append(_only(token, vocab_size))
-        if not session.speculate(proposal, token, None):
-            return
-        proposal.forced += 1
-        session.stats.forced += 1
-    proposal.masks.append(_only(tokens[-1], vocab_size))
-    proposal.closing = True
+def _allowed(mask: Any, size: int, eos: Sequence[int]) -> np.ndarray:
+    allowed = np.flatnonzero(np.unpackbits(mask.numpy().view(np.uint8), bitorder="little")[:size])
+    return allowed[~np.isin(allowed, eos)]
 
 
 def _only(token: int, vocab_size: int) -> Any:

@@ -23,7 +23,7 @@ from ..constraints.mask import allocate_bitmask, apply_bitmask, host_kernels, ma
 from ..errors import InvalidToken
 from ..models.runner import ModelRunner
 from ..result import DecodeStats, Result, parse_value
-from .budget import BudgetCloser, closing_proposal
+from .budget import BudgetCloser
 from .sampling import SamplingParams, choose, distribution
 
 _log = logging.getLogger(__name__)
@@ -151,12 +151,15 @@ def propose(session: Session, proposers: Sequence[Proposer], k: int, max_tokens:
     room = max_tokens - len(session.output) - 1  # one slot stays free for the target's own token
     proposal = Proposal()
     if session.budget is not None and session.budget.watching(session):
-        completion = session.budget.plan(session)
-        if completion is not None:
-            closing_proposal(session, completion, proposal)
-            session.stats.proposed += len(proposal.tokens)
-            return proposal
-        proposers = ()  # one token a step near the end: a step must not outrun the closer's check
+        # near the end only forced tokens (every ending writes them) and one of the model's: a
+        # step must not outrun the closer's check
+        proposal.closing = session.budget.plan(session)
+        for proposer in proposers:
+            if proposer.name == "forced" and room > 0 and not session.state.finished:
+                proposer.propose(session, proposal, min(room, MAX_FORCED))
+        proposal.masks.append(session.budget.mask(session, proposal.tokens))
+        session.stats.proposed += len(proposal.tokens)
+        return proposal
     for proposer in proposers:
         budget = min(room - len(proposal.tokens), MAX_FORCED if proposer.name == "forced" else k - proposal.drafted)
         if budget <= 0 or session.state.finished:

@@ -12,7 +12,7 @@ import pytest
 
 import cdsl_struct as cs
 from cdsl_struct.api import Generator
-from cdsl_struct.decoding.budget import closing_ranks, shortest_completion
+from cdsl_struct.decoding.budget import closing_ranks, respell, shortest_completion
 
 PERSON = {"type": "object", "properties": {
     "name": {"type": "string"}, "bio": {"type": "string"}, "age": {"type": "integer"},
@@ -113,3 +113,46 @@ def test_a_tool_call_cut_short_closes_into_a_call(gen):
     assert len(result.tokens) <= 28
     assert result.closed_by_budget and result.tool_calls and result.tool_calls[0].name == "get_weather"
     assert set(result.tool_calls[0].arguments) == {"city", "unit"}
+
+
+def test_an_ending_is_respelled_in_the_tokenizers_own_tokens(smollm2):
+    compiled = cs.compile(cs.JsonSchema(PERSON), smollm2.tokenizer, eos_token_ids=smollm2.eos_token_ids)
+    state = compiled.new_state()
+    found = shortest_completion(state, 64, closing_ranks(compiled.vocabulary, compiled.vocab_size))
+    spelled = respell(state, found, b"")
+    assert len(spelled) < len(found) and state.num_tokens == 0
+    assert b" " not in compiled.vocabulary.decode(spelled)  # JSON: no whitespace outside strings
+    state.advance(spelled)
+    assert state.is_complete()
+    jsonschema.validate(json.loads(compiled.vocabulary.decode(spelled)), PERSON)
+
+
+def test_a_json_ending_keeps_the_whitespace_inside_a_string(smollm2):
+    compiled = cs.compile(cs.JsonSchema(PERSON), smollm2.tokenizer, eos_token_ids=smollm2.eos_token_ids)
+    state = compiled.new_state()
+    prefix = '{"name": "Ada Lovelace'
+    state.advance(smollm2.tokenizer.encode(prefix, add_special_tokens=False))
+    found = shortest_completion(state, 64, closing_ranks(compiled.vocabulary, compiled.vocab_size))
+    spelled = respell(state, found, prefix.encode())
+    value = json.loads(prefix + compiled.vocabulary.decode(spelled).decode())
+    assert value["name"] == "Ada Lovelace"
+
+
+REVIEW = {"type": "object", "properties": {
+    "sentiment": {"enum": ["positive", "negative", "mixed"]}, "rating": {"type": "integer"},
+    "summary": {"type": "string"}}, "required": ["sentiment", "rating", "summary"], "additionalProperties": False}
+
+
+def test_while_closing_the_model_still_chooses_an_enum_member(gen):
+    prompt = "Review: 'Terrible. It broke on day one and support never answered.' Extract the sentiment."
+    natural = gen.generate(prompt, schema=REVIEW, max_tokens=200, on_budget="cut")
+    assert natural.complete and natural.value["sentiment"] == "negative"
+    compiled = cs.compile(cs.JsonSchema(REVIEW), gen.tokenizer, eos_token_ids=gen.loaded.eos_token_ids)
+    state = compiled.new_state()
+    shortest = respell(state, shortest_completion(state, 64, closing_ranks(compiled.vocabulary,
+                                                                            compiled.vocab_size)), b"")
+    assert json.loads(compiled.vocabulary.decode(shortest))["sentiment"] != "negative"
+    # a budget the shortest ending barely fits: the row closes from its first token
+    closed = gen.generate(prompt, schema=REVIEW, max_tokens=len(shortest) + 1, on_budget="close")
+    assert closed.closed_by_budget and closed.complete and len(closed.tokens) <= len(shortest) + 1
+    assert closed.value["sentiment"] == "negative"  # the model's member, not the shortest ending's
