@@ -54,6 +54,12 @@ def set_bit(row: Bitmask, token_id: int) -> None:
     row[word] = value - (1 << 32) if value >= 1 << 31 else value
 
 
+def clear_bit(row: Bitmask, token_id: int) -> None:
+    word, bit = divmod(token_id, 32)
+    value = (int(row[word]) & 0xFFFFFFFF) & ~(1 << bit)
+    row[word] = value - (1 << 32) if value >= 1 << 31 else value
+
+
 def is_allowed(row: Bitmask, token_id: int) -> bool:
     """Whether ``token_id`` is allowed by a mask row."""
     word, bit = divmod(token_id, 32)

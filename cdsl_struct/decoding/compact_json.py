@@ -75,3 +75,24 @@ def _puts_whitespace_outside(raw: bytes, state: int) -> bool:
             return True
         state = _step(state, byte)
     return False
+
+
+def quote_merges(vocabulary: TokenVocabulary) -> dict[int, int]:
+    """Structural tokens that end in ``{``, ``,`` or ``:`` (``{``, ``",``, ``":``), each with the
+    token that is it and a ``"`` (``{"``, ``","``, ``":"``), where the vocabulary has one. Made once
+    per vocabulary."""
+    def build(vocab: TokenVocabulary) -> dict[int, int]:
+        ids = {raw: token for token, raw in enumerate(vocab.token_bytes) if token not in vocab.special_ids}
+        return {token: ids[raw + b'"'] for raw, token in ids.items()
+                if raw and raw[-1:] in (b"{", b",", b":") and set(raw) <= _STRUCTURAL and raw + b'"' in ids}
+
+    return vocabulary.engine_object("compact_json_quote_merges", build)
+
+
+def starts_with_quote(vocabulary: TokenVocabulary) -> np.ndarray:
+    """Per token id, whether its bytes start with ``"``. Made once per vocabulary."""
+    return vocabulary.engine_object("compact_json_quote_starts", lambda vocab: np.array(
+        [raw[:1] == b'"' for raw in vocab.token_bytes], dtype=bool))
+
+
+_STRUCTURAL = frozenset(b'{}[],:"')

@@ -157,6 +157,8 @@ def propose(session: Session, proposers: Sequence[Proposer], k: int, max_tokens:
         for proposer in proposers:
             if proposer.name == "forced" and room > 0 and not session.state.finished:
                 proposer.propose(session, proposal, min(room, MAX_FORCED))
+                if session.budget.splits_a_quote(session, proposal.tokens):
+                    truncate(session, proposal, len(proposal.tokens) - 1)
         proposal.masks.append(session.budget.mask(session, proposal.tokens))
         session.stats.proposed += len(proposal.tokens)
         return proposal

@@ -11,6 +11,8 @@ from cdsl_struct.constraints import mask
 from cdsl_struct.constraints.mask import (
     allocate_bitmask,
     apply_bitmask,
+    clear_bit,
+    is_allowed,
     set_bit,
     unpack_bitmask,
     unpack_by_shifts,
@@ -53,3 +55,13 @@ def test_apply_bitmask_allows_only_the_set_bits_and_bans_the_padded_columns(monk
     assert torch.isfinite(masked[0]).nonzero().flatten().tolist() == [0, 31, 32, 69]
     assert torch.isfinite(masked[1]).nonzero().flatten().tolist() == [5]
     assert torch.equal(masked[0, [0, 31]], logits[0, [0, 31]])
+
+
+@pytest.mark.parametrize("token", [0, 5, 31, 32, 63, 95])
+def test_a_bit_set_then_cleared_leaves_every_other_bit(token):
+    row = allocate_bitmask(96)
+    row[:] = -1  # every bit set
+    clear_bit(row, token)
+    assert not is_allowed(row, token) and all(is_allowed(row, t) for t in range(96) if t != token)
+    set_bit(row, token)
+    assert bool((row == -1).all())
