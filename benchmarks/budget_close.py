@@ -46,10 +46,11 @@ def main() -> None:
     parser.add_argument("--cases", type=int, default=40)
     parser.add_argument("--fractions", default="0.5,0.75")
     parser.add_argument("--json", dest="json_out")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     args = parser.parse_args()
     fractions = [float(f) for f in args.fractions.split(",")]
     tasks = [t for t in family_tasks(args.split, args.cases) if t.kind == "extract"]
-    gen = Generator("smollm2", draft="auto", max_batch_size=1)
+    gen = Generator("smollm2", draft="auto", max_batch_size=1, device=args.device)
     rows = []
     seconds: dict[str, float] = {}
     for task in tasks:

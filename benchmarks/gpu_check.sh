@@ -4,13 +4,15 @@
 # Each step has its own time limit and appends its log to $OUT/steps.log (at most 8 files come back
 # from a device call), so a step that runs long costs only itself; the most wanted figures come
 # first, for a call that runs out of device time. About 6 minutes on an H100; SPECULATIVE=1 adds the
-# speculative bench in float32 and bfloat16, OVERHEAD=1 the host-time bench.
+# speculative bench in float32 and bfloat16, OVERHEAD=1 the host-time bench, BUDGET=1 budget closing
+# on the card; ONLY="throughput tests" runs only the steps named.
 set -u
 OUT="${OUT:-/tmp/gpu_out}"; mkdir -p "$OUT"
 CLI="python3 -m cdsl_struct.cli"
 LAB="python3 -m benchmarks"  # the research harnesses, from the repository root
 step() {  # step NAME SECONDS COMMAND...
   local name=$1 limit=$2; shift 2
+  if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then return; fi
   local started=$SECONDS
   echo "== $name (limit ${limit}s)"
   timeout "$limit" "$@" >/tmp/step.log 2>&1
@@ -18,9 +20,10 @@ step() {  # step NAME SECONDS COMMAND...
   { echo "== $name: rc=$rc in $((SECONDS - started))s"; cat /tmp/step.log; } >>"$OUT/steps.log"
   echo "rc=$rc in $((SECONDS - started))s"; grep -v "it/s]" /tmp/step.log | tail -n 14
 }
-step throughput 150 $LAB throughput --device cuda --batch 1,16,64 --requests 64 --max-tokens 48 \
-  --hf-requests 16 --json "$OUT/throughput.json"
+step throughput 150 $LAB throughput --device cuda --batch 1,16,64 --requests 64 --max-tokens 48 --no-hf \
+  --json "$OUT/throughput.json"
 # the server on the GPU, 64 clients at once (and a few one at a time)
+if [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" serve64 "* ]]; then
 $CLI serve --device cuda --port 8011 --max-batch-size 64 >"$OUT/server.log" 2>&1 &
 server=$!
 up() { python3 -c "import httpx, sys; sys.exit(httpx.get('http://127.0.0.1:8011/health').status_code != 200)" 2>/dev/null; }
@@ -31,6 +34,7 @@ step serve1 30 $CLI bench serve --url http://127.0.0.1:8011/v1 --requests 6 --co
   --json "$OUT/serve1.json"
 python3 -c "import httpx; print(httpx.get('http://127.0.0.1:8011/metrics').text)" >"$OUT/metrics.txt" 2>&1
 kill "$server"; wait "$server" 2>/dev/null
+fi
 step tests 120 python3 -m pytest -q -p no:cacheprovider tests/models/test_compat.py \
   tests/models/test_device.py tests/decoding/test_host_reads.py
 if [ -n "${OVERHEAD:-}" ]; then
@@ -41,5 +45,8 @@ if [ -n "${SPECULATIVE:-}" ]; then
     --json "$OUT/spec_fp32.json" --no-progress
   step speculative_bf16 50 $LAB speculative --device cuda --dtype bfloat16 --no-hf --repeat 1 \
     --json "$OUT/spec_bf16.json" --no-progress
+fi
+if [ -n "${BUDGET:-}" ]; then
+  step budget 150 $LAB budget_close --device cuda --split report --cases 28 --json "$OUT/budget_close.json"
 fi
 echo "done in ${SECONDS}s"
