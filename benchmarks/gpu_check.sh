@@ -47,6 +47,6 @@ if [ -n "${SPECULATIVE:-}" ]; then
     --json "$OUT/spec_bf16.json" --no-progress
 fi
 if [ -n "${BUDGET:-}" ]; then
-  step budget 150 $LAB budget_close --device cuda --split report --cases 28 --json "$OUT/budget_close.json"
+  step budget 150 python3 -m benchmarks.budget_close --device cuda --split report --cases 28 --json "$OUT/budget_close.json"
 fi
 echo "done in ${SECONDS}s"
