@@ -4,7 +4,9 @@ For each extraction task of ``python -m benchmarks quality``'s families (one spl
 with room to finish (its natural length n, ``on_budget="cut"``), then again at ``max_tokens`` =
 50% and 75% of n, once cut and once closed (``on_budget="close"``). Reported per budget: answers
 valid under their schema, field accuracy over the fields the answer kept (against the natural
-answers' accuracy over all fields), fields kept, tokens over the budget, and wall time.
+answers' accuracy over all fields), fields kept, tokens over the budget, and wall time. Every
+answer is streamed, its typed partial values read as they change (``TextStream.partials``): the
+share of answers whose every partial value is consistent with (a prefix of) the final one.
 
     .venv/bin/python -m benchmarks.budget_close --split report --cases 40 --json benchmarks/results/budget_close.json
 """
@@ -20,6 +22,7 @@ from typing import Any
 import jsonschema
 
 from cdsl_struct.api import Generator
+from cdsl_struct.partial import consistent_with
 
 from .answer_quality import _lookup, same_value
 from .extraction_tasks import family_tasks
@@ -40,6 +43,16 @@ def judge(task: Any, result: Any) -> dict[str, Any]:
             "tokens": len(result.tokens), "closed": result.closed_by_budget}
 
 
+def decode(gen: Generator, task: Any, max_tokens: int, on_budget: str) -> tuple[Any, dict[str, int]]:
+    """One answer, streamed: its Result and how many partial values it gave, and how many of
+    those are consistent with the final value (all of them, for a complete answer, or none)."""
+    stream = gen.stream(task.prompt, schema=task.constraint, max_tokens=max_tokens, on_budget=on_budget)
+    partials = list(stream.partials())
+    result = stream.result
+    consistent = sum(consistent_with(p, result.value) for p in partials) if result.complete else 0
+    return result, {"partials": len(partials), "consistent": consistent}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--split", default="report", choices=["tune", "report"])
@@ -54,17 +67,18 @@ def main() -> None:
     rows = []
     seconds: dict[str, float] = {}
     for task in tasks:
-        natural = gen.generate(task.prompt, schema=task.constraint, max_tokens=256, on_budget="cut")
-        row: dict[str, Any] = {"id": task.id, "natural": judge(task, natural)}
+        natural, partials = decode(gen, task, 256, "cut")
+        row: dict[str, Any] = {"id": task.id, "natural": {**judge(task, natural), **partials}}
         n = len(natural.tokens)
         for fraction in fractions:
             budget = max(1, math.floor(fraction * n))
             for mode in ("cut", "close"):
                 started = time.perf_counter()
-                result = gen.generate(task.prompt, schema=task.constraint, max_tokens=budget, on_budget=mode)
+                result, partials = decode(gen, task, budget, mode)
                 key = f"{fraction:g}/{mode}"
                 seconds[key] = seconds.get(key, 0.0) + time.perf_counter() - started
-                row[key] = {**judge(task, result), "budget": budget, "over": max(0, len(result.tokens) - budget)}
+                row[key] = {**judge(task, result), **partials, "budget": budget,
+                            "over": max(0, len(result.tokens) - budget)}
         rows.append(row)
         print(json.dumps({k: (v if k == "id" else {x: v[x] for x in ("valid", "kept", "correct", "tokens")})
                           for k, v in row.items()}), flush=True)
@@ -72,6 +86,9 @@ def main() -> None:
     natural_acc = sum(r["natural"]["correct"] for r in rows) / max(sum(r["natural"]["fields"] for r in rows), 1)
     summary: dict[str, Any] = {"tasks": len(rows), "natural": {
         "valid": sum(r["natural"]["valid"] for r in rows), "field_accuracy": round(natural_acc, 4)}}
+    complete = [r[k] for r in rows for k in r if k != "id" and r[k]["valid"]]
+    summary["partial_values"] = {"answers": len(complete), "values": sum(x["partials"] for x in complete),
+                                 "consistent": sum(x["consistent"] for x in complete)}
     for fraction in fractions:
         for mode in ("cut", "close"):
             key = f"{fraction:g}/{mode}"

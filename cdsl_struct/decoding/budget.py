@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
 from ..constraints.mask import allocate_bitmask, clear_bit, is_allowed, set_bit
 from ..errors import InvalidToken
@@ -191,7 +192,9 @@ class BudgetCloser:
     slack: int = SLACK
     compact_window: int = SLACK
     engaged: bool = False
-    """Whether it is closing the answer (``Result.closed_by_budget``)."""
+    """Whether it is closing the answer."""
+    compacted: bool = False
+    """Whether its masks left out whitespace the constraint allows (compact JSON near the end)."""
     estimate: int | None = None
     """The length of the last ending found (None: none yet)."""
     next_look: int = MAX_WINDOW
@@ -241,6 +244,12 @@ class BudgetCloser:
         if not self._compacting(session, proposed):
             return None
         return self._constraint_mask(session, proposed)
+
+    @property
+    def shaped(self) -> bool:
+        """Whether the budget shaped the answer: closed it, or wrote it compact near the end
+        (``Result.closed_by_budget``: content may be short)."""
+        return self.engaged or self.compacted
 
     def splits_a_quote(self, session: Session, proposed: list[int]) -> bool:
         """Whether the last of ``proposed`` (forced tokens, advanced into the state) is one that
@@ -314,6 +323,7 @@ class BudgetCloser:
         compact = mask & whitespace_keep(session.compiled.vocabulary, session.compiled.vocab_size)[lex(before)]
         if not bool(compact.any()):
             return mask
+        self.compacted = self.compacted or not torch.equal(compact, mask)
         for token, merged in quote_merges(session.compiled.vocabulary).items():
             if is_allowed(compact, token) and is_allowed(compact, merged) and \
                     self._only_a_quote_after(session, proposed, token):

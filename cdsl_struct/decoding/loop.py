@@ -328,7 +328,7 @@ def finish(session: Session, dead_end: bool, stopped: bool = False, cancelled: b
     """
     state, stats = session.state, session.stats
     text = session.text_of(session.output)
-    closed = session.budget is not None and session.budget.engaged and not cancelled and state.is_complete()
+    closed = session.budget is not None and session.budget.shaped and not cancelled and state.is_complete()
     complete = not cancelled and (state.finished or (stopped and state.is_complete()) or closed)
     reason = "cancelled" if cancelled else "length" if closed else "stop" if complete else \
         "constraint_dead_end" if dead_end else "length"

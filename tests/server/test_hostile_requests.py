@@ -331,14 +331,18 @@ def test_slowloris_bodies_do_not_stall_other_clients(server: str) -> None:
     answered promptly, and each slow client, once its body is complete, gets its correct answer."""
     body = json.dumps({"prompt": "Is fire hot? Answer yes or no:", "choices": ["yes", "no"]}).encode()
     sockets = [raw_request(server, "/completions", body, send_body=False) for _ in range(8)]
-    stop = threading.Event()
+    stop, answered = threading.Event(), threading.Event()
 
     def dribble() -> None:
-        for start in range(0, len(body), 3):
+        # the last byte waits until the other requests were answered, however loaded the machine
+        for start in range(0, len(body) - 1, 3):
             for sock in sockets:
-                sock.sendall(body[start:start + 3])
+                sock.sendall(body[start:min(start + 3, len(body) - 1)])
             if stop.wait(0.06):
                 return
+        if answered.wait(CLIENT_TIMEOUT_S) and not stop.is_set():
+            for sock in sockets:
+                sock.sendall(body[-1:])
 
     sender = threading.Thread(target=dribble, daemon=True)
     sender.start()
@@ -350,7 +354,7 @@ def test_slowloris_bodies_do_not_stall_other_clients(server: str) -> None:
         response, took = post(server, {"prompt": "Is ice cold? Answer yes or no:", "choices": ["yes", "no"]})
         assert response.status_code == 200 and response.json()["choices"][0]["text"] in ("yes", "no")
         assert took < ANSWER_BOUND_S
-        assert sender.is_alive(), "the bodies were sent before the other requests were answered: not slow enough"
+        answered.set()
         sender.join(CLIENT_TIMEOUT_S)
         for sock in sockets:
             status, raw = read_response(sock)
