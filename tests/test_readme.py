@@ -146,6 +146,9 @@ def check_generate(ns: dict[str, Any], values: Values) -> None:
     assert streamed.result.finish_reason in ("stop", "length") and streamed.result.text.endswith(ns["piece"])
     thought, person_after = values.of("r2.reasoning, r2.value")  # "the thinking, then a Person"
     assert isinstance(thought, str) and isinstance(person_after, person) and ns["r2"].finish_reason == "stop"
+    closed, reason, closed_value = values.of("r3.closed_by_budget, r3.finish_reason, r3.value")
+    assert closed is True and reason == "length" and isinstance(closed_value, person)
+    assert len(ns["r3"].tokens) <= 10
     answer = values.of("asyncio.run(gen.agenerate(")
     assert isinstance(answer, cs.Result) and answer.value in ("yes", "no")
 
