@@ -83,3 +83,22 @@ def test_a_bad_reasoning_option_is_refused_before_decoding(gen):
     with pytest.raises(InvalidArgument) as caught:
         gen.generate("hi", reasoning="lots")
     assert caught.value.param == "reasoning"
+
+
+def test_a_stop_string_inside_the_thought_does_not_end_the_output(gen):
+    asked = dict(max_tokens=60, temperature=0, reasoning=Reasoning(budget=24, required=True))
+    unstopped = gen.generate("Explain in two sentences why the sky is blue.", **asked)
+    assert "," in unstopped.reasoning  # the thought holds the stop string
+    stopped = gen.generate("Explain in two sentences why the sky is blue.", stop=[","], **asked)
+    assert stopped.reasoning == unstopped.reasoning  # the thought went on past its ","
+    assert stopped.finish_reason == "stop" and "," not in stopped.text
+    assert unstopped.text.startswith(stopped.text)
+
+
+def test_a_budget_too_small_for_thought_and_answer_closes_both(gen):
+    result = gen.generate("Tom Baker is 52. Give him as JSON.", schema=PERSON, max_tokens=24, temperature=0,
+                          reasoning=Reasoning(budget=20, required=True), on_budget="close")
+    assert len(result.tokens) <= 24
+    assert result.closed_by_budget and result.complete
+    jsonschema.validate(result.value, PERSON)
+    assert result.reasoning is not None

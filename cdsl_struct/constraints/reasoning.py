@@ -386,6 +386,14 @@ class ReasoningState(ConstraintState):
             phase = self._after(phase, forced[-1])
         return forced
 
+    def closing_tokens(self) -> list[int]:
+        """While thinking: the rest of the close marker, spelled as the tokenizer writes it."""
+        phase, masks, tokens = self.phase, self.plan.masks, []
+        while phase.name == THINKING:
+            tokens.append(masks.spelled(masks.close[phase.matched:]))
+            phase = self._after(phase, tokens[-1])
+        return tokens
+
     def _engine_accepting(self) -> bool:
         if self.phase.name in (OPENING, THINKING):
             return False

@@ -112,6 +112,12 @@ class ConstraintState(ABC):
         forced = self._engine_forced(limit)
         return forced[:self.validate(forced)] if forced else forced
 
+    def closing_tokens(self) -> list[int]:
+        """Tokens that close what the output has open where the state knows them without a
+        search (a reasoning row's close marker while it thinks), without advancing; [] where it
+        does not. The budget closer writes them first (``decoding.budget``)."""
+        return []
+
     def is_complete(self) -> bool:
         """True when the output so far is a complete match (EOS would be accepted)."""
         return self.finished or self._engine_accepting()

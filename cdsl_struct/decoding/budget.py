@@ -85,7 +85,8 @@ def closing_ranks(vocabulary: TokenVocabulary, size: int) -> np.ndarray:
 def shortest_completion(state: ConstraintState, limit: int, ranks: np.ndarray, branch: int = 4,
                         nodes: int = 96, improve: bool = False) -> list[int] | None:
     """Tokens (at most ``limit``, EOS not counted) that bring ``state`` to a complete output,
-    searched depth first in ``ranks`` order (``branch`` tokens a position, ``nodes`` tries in all);
+    searched depth first in ``ranks`` order (``branch`` tokens a position, ``nodes`` tries in all),
+    where the state forces none and knows none that close (``closing_tokens``: a thought's marker);
     None where none was found. ``improve``: after the first ending, spend what is left of ``nodes``
     on shorter ones (branch and bound). ``state`` ends where it started."""
     mask = allocate_bitmask(len(ranks))
@@ -98,7 +99,7 @@ def shortest_completion(state: ConstraintState, limit: int, ranks: np.ndarray, b
             return []
         if room <= 0 or spent >= nodes:
             return None
-        forced = state.forced_tokens(limit=room)
+        forced = state.forced_tokens(limit=room) or state.closing_tokens()[:room]
         if forced:
             state.advance(forced)
             try:
