@@ -207,7 +207,8 @@ class Generator:
                  choices: Sequence[str] | None = None, grammar: Any = None,
                  keywords: Sequence[str] | None = None, reward: Reward | Callable[..., float] | None = None,
                  tools: Sequence[Any] | None = None, tool_choice: Any = "auto", parallel_tool_calls: bool = True,
-                 reasoning: Any = None, params: GenerationParams | None = None, stream: bool = False,
+                 tool_format: Any = None, reasoning: Any = None, params: GenerationParams | None = None,
+                 stream: bool = False,
                  chat: bool = True,
                  cancel: threading.Event | None = None, compile_timeout: float | None = None,
                  **overrides: Unpack[ParamOverrides]) -> Result:
@@ -229,7 +230,9 @@ class Generator:
         ``tools`` (OpenAI tool dicts or functions, described to the model in a system message):
         ``tool_choice`` ``"auto"`` (text or calls; with ``schema``, an answer in that schema or
         calls), ``"required"``, a tool's name, or ``"none"`` (tools ignored);
-        ``parallel_tool_calls`` (default true) allows more than one call. ``tool_calls`` holds the
+        ``parallel_tool_calls`` (default true) allows more than one call; ``tool_format`` (a name in
+        ``tools.formats.FORMATS``) writes this call's tools in that family's format instead of the
+        Generator's. ``tool_calls`` holds the
         calls (``value`` too, when the output is complete), ``content`` the text before them;
         a call cut by ``max_tokens`` is kept with its partial ``arguments_text``.
 
@@ -262,8 +265,8 @@ class Generator:
         """
         call, encoded, batch = self._prepare(
             prompt, schema=schema, regex=regex, choices=choices, grammar=grammar, keywords=keywords, reward=reward,
-            tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls, reasoning=reasoning,
-            params=params, chat=chat, compile_timeout=compile_timeout, **overrides)
+            tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls, tool_format=tool_format,
+            reasoning=reasoning, params=params, chat=chat, compile_timeout=compile_timeout, **overrides)
         if stream and batch:
             raise ValueError("stream=True takes one prompt, not a list of prompts")
         if stream or batch:
@@ -366,14 +369,15 @@ class Generator:
 
     def _prepare(self, prompt: Any, *, schema: Any = None, regex: Any = None, choices: Any = None,
                  grammar: Any = None, keywords: Any = None, reward: Any = None, tools: Any = None,
-                 tool_choice: Any = "auto", parallel_tool_calls: bool = True, reasoning: Any = None,
-                 params: GenerationParams | None = None, chat: bool = True, compile_timeout: float | None = None,
-                 **overrides: Any) -> tuple[Call, list[list[int]], bool]:
+                 tool_choice: Any = "auto", parallel_tool_calls: bool = True, tool_format: Any = None,
+                 reasoning: Any = None, params: GenerationParams | None = None, chat: bool = True,
+                 compile_timeout: float | None = None, **overrides: Any) -> tuple[Call, list[list[int]], bool]:
         """A request resolved (constraint compiled) and its prompts encoded: (call, prompts' ids, is_batch)."""
         chosen = GenerationParams.of(params, **overrides)
         call = self._resolve(chosen, schema=schema, regex=regex, choices=choices, grammar=grammar, keywords=keywords,
                              reward=reward, tools=tools, tool_choice=tool_choice,
-                             parallel_tool_calls=parallel_tool_calls, compile_timeout=compile_timeout)
+                             parallel_tool_calls=parallel_tool_calls, tool_format=tool_format,
+                             compile_timeout=compile_timeout)
         with named_errors("reasoning"):
             call = replace(call, reasoning=Reasoning.of(reasoning))
         prompts, batch = split_batch(prompt)
@@ -398,7 +402,7 @@ class Generator:
 
     def _resolve(self, params: GenerationParams, *, schema: Any, regex: Any, choices: Any, grammar: Any,
                  keywords: Any, reward: Any, tools: Any, tool_choice: Any, parallel_tool_calls: bool,
-                 compile_timeout: float | None = None) -> Call:
+                 tool_format: Any = None, compile_timeout: float | None = None) -> Call:
         sampling = SamplingParams(temperature=params.temperature, top_p=params.top_p, seed=params.seed)
         with named_errors("keywords" if keywords is not None else "reward"):
             steer = reward_for(keywords, reward)
@@ -411,8 +415,9 @@ class Generator:
             if params.penalised or params.logprobs is not None:
                 raise InvalidArgument(f"method {chosen.value!r} does not take penalties or logprobs",
                                       param="logprobs" if params.logprobs is not None else "presence_penalty")
+        written = self.tool_format if tool_format is None else resolve_format(tool_format, self.tokenizer)
         with named_errors("tools", "tool_choice"):
-            calls = tool_request(tools, tool_choice, parallel_tool_calls, self.tool_format)
+            calls = tool_request(tools, tool_choice, parallel_tool_calls, written)
         spec = answer_spec(schema=schema, regex=regex, choices=choices, grammar=grammar)
         system = None
         if calls is not None:

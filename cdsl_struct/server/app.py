@@ -31,6 +31,7 @@ from ..options import SERVE_TORCH_COMPILE
 from ..partial import NOTHING
 from ..streaming import Thought
 from ..tools import CallStream
+from ..tools.formats import FORMATS
 from . import responses
 from .auth import API_KEY_ENV, ApiKeyAuth
 from .errors import APIError, from_exception, install_handlers
@@ -206,7 +207,9 @@ class _Service:
     async def _events(self, first: Any, items: AsyncIterator[Any], call: GenerateCall, writer: ChunkWriter,
                       include_usage: bool, cancel: threading.Event, started: float,
                       watcher: asyncio.Future) -> AsyncIterator[str]:
-        calls = CallStream(getattr(self.generator, "tool_format", None)) if call.tool_mode and writer.chat else None
+        written = FORMATS[call.kwargs["tool_format"]] if "tool_format" in call.kwargs else \
+            getattr(self.generator, "tool_format", None)
+        calls = CallStream(written) if call.tool_mode and writer.chat else None
         if writer.chat:
             yield writer.delta({"role": "assistant", "content": None if calls else ""})
         result, first_at, streamed = None, None, ""

@@ -23,6 +23,7 @@ from ..constraints.specs import Grammar
 from ..errors import CdslError, InvalidArgument
 from ..options import ConflictingConstraints, one_constraint
 from ..params import MAX_TOP_LOGPROBS, GenerationParams
+from ..tools.formats import FORMATS
 from .errors import APIError
 
 
@@ -361,6 +362,9 @@ class ChatCompletionRequest(_GenerationRequest):
     tools: list[Tool] | None = None
     tool_choice: Literal["auto", "required", "none"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    tool_format: str | None = None
+    """Our extension: write this request's calls in a family's format (``hermes``, ``llama3``,
+    ``mistral``, ``gemma``, ``deepseek``, ``generic``) instead of the server's."""
     logprobs: bool | None = None
     top_logprobs: int | None = None
 
@@ -384,6 +388,11 @@ class ChatCompletionRequest(_GenerationRequest):
             kwargs["tools"] = tools
             param = param or "tools"
             kwargs["parallel_tool_calls"] = self.parallel_tool_calls is not False
+        if self.tool_format is not None:
+            if self.tool_format not in FORMATS:
+                raise APIError(400, f"unknown tool_format {self.tool_format!r}; choose one of {', '.join(FORMATS)}.",
+                               param="tool_format", code="invalid_value")
+            kwargs["tool_format"] = self.tool_format
         named = isinstance(self.tool_choice, NamedToolChoice)
         if self.tool_choice is not None:
             choice = self.tool_choice

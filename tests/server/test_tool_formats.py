@@ -52,3 +52,20 @@ def test_whole_answer_parses_into_declared_calls(client):
     for call in choice.message.tool_calls:
         assert call.function.name == "get_weather"
         jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+
+
+def test_a_request_may_ask_for_another_format(client):
+    """Our ``tool_format`` extension: this request's calls in mistral's format whatever the server's,
+    streamed and whole alike; an unknown name is a 400 naming the field."""
+    import openai
+
+    asked = dict(model="smollm2", messages=QUESTION, tools=[WEATHER], tool_choice="required", max_tokens=120,
+                 extra_body={"tool_format": "mistral"})
+    choice = client.chat.completions.create(**asked).choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert all(call.function.name == "get_weather" for call in choice.message.tool_calls)
+    deltas = [c.choices[0].delta for c in client.chat.completions.create(**asked, stream=True) if c.choices]
+    streamed = [call for d in deltas for call in (d.tool_calls or [])]
+    assert streamed and not any(d.content for d in deltas)  # no [TOOL_CALLS] leaks into the content
+    with pytest.raises(openai.BadRequestError, match="tool_format"):
+        client.chat.completions.create(**{**asked, "extra_body": {"tool_format": "klingon"}})

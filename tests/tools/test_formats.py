@@ -212,3 +212,22 @@ def test_auto_is_the_default_everywhere_and_the_cli_takes_a_name():
     assert parser.parse_args(["serve", "--tool-format", "llama3"]).tool_format == "llama3"
     with pytest.raises(SystemExit):
         parser.parse_args(["serve", "--tool-format", "harmony"])
+
+
+def test_one_call_may_write_its_tools_in_another_format(smollm2, one_torch_thread):
+    from cdsl_struct.api import Generator
+    from cdsl_struct.errors import InvalidArgument
+
+    generator = Generator(smollm2, tool_format="hermes")
+    try:
+        prompt = [*call_shot(FORMATS["mistral"]), {"role": "user", "content": QUESTIONS[0]}]
+        result = generator.generate(prompt, tools=TOOLS, tool_choice="required", max_tokens=48,
+                                    tool_format="mistral")
+        assert result.text.startswith(FORMATS["mistral"].open) and "<tool_call>" not in result.text
+        assert result.tool_calls and result.tool_calls[0].name in {t["function"]["name"] for t in TOOLS}
+        assert generator.generate(prompt, tools=TOOLS, tool_choice="required",
+                                  max_tokens=48).text.startswith("<tool_call>")  # the Generator's own
+        with pytest.raises(InvalidArgument, match="tool format"):
+            generator.generate(prompt, tools=TOOLS, tool_format="klingon")
+    finally:
+        generator.close()
