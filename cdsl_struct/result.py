@@ -110,9 +110,8 @@ class Result:
     written; ``content`` the message text outside calls (None when there is none).
     ``logprobs``: per token, when asked for (see ``cdsl_struct.decoding.logprobs``). ``method``
     names the decoder that ran (set by ``Generator.generate``). ``closed_by_budget``: the output
-    was shaped to fit ``max_tokens`` (``on_budget="close"``: closed early, or written as compact
-    JSON near the end): complete and valid, with ``finish_reason`` ``length``, but a string may be
-    short and optional members missing.
+    was closed early to fit ``max_tokens`` (``on_budget="close"``): complete and valid, with
+    ``finish_reason`` ``length``, but a string may be short and optional members missing.
     ``reasoning``: with ``reasoning=``, what the model thought between its markers (None where it
     did not think); ``text`` and ``value`` are then the answer after the thinking.
     """
