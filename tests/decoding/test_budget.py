@@ -51,9 +51,14 @@ def test_the_search_says_none_where_nothing_fits(smollm2):
     assert shortest_completion(state, 5, closing_ranks(compiled.vocabulary, compiled.vocab_size)) is None
 
 
+@pytest.fixture(scope="module")
+def natural(gen):
+    """The answer with room to finish (decoded once for the module)."""
+    return gen.generate(PROMPT, schema=PERSON, max_tokens=400, on_budget="cut")
+
+
 @pytest.mark.parametrize("budget", [45, 60, 90])
-def test_an_answer_over_its_budget_comes_back_closed_and_valid(gen, budget):
-    natural = gen.generate(PROMPT, schema=PERSON, max_tokens=400, on_budget="cut")
+def test_an_answer_over_its_budget_comes_back_closed_and_valid(gen, natural, budget):
     assert len(natural.tokens) > budget  # the budget really cuts this answer
     cut = gen.generate(PROMPT, schema=PERSON, max_tokens=budget, on_budget="cut")
     assert cut.finish_reason == "length" and cut.value is None and not cut.closed_by_budget
