@@ -111,6 +111,11 @@ class StructuralTag(Grammar):
     def key(self) -> str:
         return "structural_tag:" + self.text
 
+    def openers(self) -> tuple[str, ...]:
+        """The tags' begins, shortest first: what a budget closer writes to open a tag where one
+        must still be written (``at_least_one``)."""
+        return tuple(sorted(dict.fromkeys(tag.begin for tag in self.tags), key=len))
+
     def trigger_of(self, tag: Tag) -> str:
         """The trigger ``tag``'s begin starts with."""
         return next(t for t in self.triggers if tag.begin.startswith(t))

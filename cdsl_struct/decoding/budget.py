@@ -19,7 +19,7 @@ closer.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -87,12 +87,15 @@ def closing_ranks(vocabulary: TokenVocabulary, size: int) -> np.ndarray:
 
 
 def shortest_completion(state: ConstraintState, limit: int, ranks: np.ndarray, branch: int = 4,
-                        nodes: int = 96, improve: bool = False) -> list[int] | None:
+                        nodes: int = 96, improve: bool = False,
+                        openers: Sequence[list[int]] = ()) -> list[int] | None:
     """Tokens (at most ``limit``, EOS not counted) that bring ``state`` to a complete output,
     searched depth first in ``ranks`` order (``branch`` tokens a position, ``nodes`` tries in all),
     where the state forces none and knows none that close (``closing_tokens``: a thought's marker);
-    None where none was found. ``improve``: after the first ending, spend what is left of ``nodes``
-    on shorter ones (branch and bound). ``state`` ends where it started."""
+    None where none was found. ``openers``: token runs tried first, each as one move, wherever the
+    state accepts the whole run (a structural tag's begin: in free text no closing token ranks
+    first, and one tag must still be written). ``improve``: after the first ending, spend what is
+    left of ``nodes`` on shorter ones (branch and bound). ``state`` ends where it started."""
     mask = allocate_bitmask(len(ranks))
     eos = np.array(state.vocabulary.eos_token_ids)
     spent = 0
@@ -112,21 +115,23 @@ def shortest_completion(state: ConstraintState, limit: int, ranks: np.ndarray, b
                 state.rollback(len(forced))
             return None if rest is None else forced + rest
         best: list[int] | None = None
-        for token in _candidates(state, mask, ranks, eos, branch):
+        for move in _moves(state, mask, ranks, eos, branch, openers):
             bound = room if best is None else min(room, len(best) - 1)  # only a shorter ending is better
-            if bound <= 0 or spent >= nodes:
-                break
+            if bound < len(move) or spent >= nodes:
+                if len(move) == 1:
+                    break
+                continue
             spent += 1
             try:
-                state.advance(token)
+                state.advance(move)
             except InvalidToken:  # a mask may allow a token its matcher refuses (an unspellable byte)
                 continue
             try:
-                rest = search(bound - 1)
+                rest = search(bound - len(move))
             finally:
-                state.rollback(1)
-            if rest is not None and (best is None or len(rest) + 1 < len(best)):
-                best = [token, *rest]
+                state.rollback(len(move))
+            if rest is not None and (best is None or len(rest) + len(move) < len(best)):
+                best = [*move, *rest]
                 if not improve:
                     break
         return best
@@ -169,6 +174,30 @@ def _completes(state: ConstraintState, tokens: list[int]) -> bool:
         state.rollback(advanced)
 
 
+def _moves(state: ConstraintState, mask: Any, ranks: np.ndarray, eos: np.ndarray, branch: int,
+           openers: Sequence[list[int]]) -> Iterator[list[int]]:
+    """The search's moves from ``state``: each opener the state accepts whole, then single tokens
+    (``_candidates``, computed only when asked for)."""
+    for opener in openers:
+        if opener and state.validate(opener) == len(opener):
+            yield opener[:_completing_prefix(state, opener)]
+    for token in _candidates(state, mask, ranks, eos, branch):
+        yield [token]
+
+
+def _completing_prefix(state: ConstraintState, tokens: list[int]) -> int:
+    """The length of the shortest prefix of ``tokens`` (all acceptable) after which ``state`` is
+    complete, else all of them: an opener whose first token closes what is open (a fence's end is
+    its next one's start) goes no further."""
+    for count, token in enumerate(tokens, 1):
+        state.advance(token)
+        if state.is_complete():
+            state.rollback(count)
+            return count
+    state.rollback(len(tokens))
+    return len(tokens)
+
+
 def _candidates(state: ConstraintState, mask: Any, ranks: np.ndarray, eos: np.ndarray, branch: int) -> list[int]:
     """The ``branch`` allowed tokens (EOS aside) that rank first as closing steps, in order."""
     mask.zero_()
@@ -204,6 +233,10 @@ class BudgetCloser:
     """The length of the last ending found (None: none yet)."""
     next_look: int = MAX_WINDOW
     """While no ending is known: the room left at which to look again."""
+    last_ending: tuple[int, list[int]] | None = None
+    """The last ending found, and the output length it was found at."""
+    openers: list[list[int]] | None = None
+    """What the row's constraint may still require opened (``_openers``), once known."""
 
     def watching(self, session: Session) -> bool:
         """Whether the row is near enough the end of its budget to decode one token a step."""
@@ -290,7 +323,7 @@ class BudgetCloser:
         state, vocab = session.state, session.compiled.vocabulary
         if state.is_complete():
             return _only(vocab.eos_token_ids[0], session.compiled.vocab_size)
-        ending = self._ending(session, room, proposed=proposed)
+        ending = self._rest_of_last(session, proposed, room) or self._ending(session, room, proposed=proposed)
         if ending is None:
             return None
         allowed = _allowed(self._constraint_mask(session, proposed), session.compiled.vocab_size, vocab.eos_token_ids)
@@ -310,7 +343,8 @@ class BudgetCloser:
         try:
             if session.state.is_complete():
                 return True
-            found = shortest_completion(session.state, 2 * room, _ranks(session), branch=2, nodes=QUICK_NODES)
+            found = shortest_completion(session.state, 2 * room, _ranks(session), branch=2, nodes=QUICK_NODES,
+                                        openers=self._openers(session))
             if found is None or len(found) <= room:
                 return found is not None
             return len(respell(session.state, found, _json_written(session, [*proposed, token]))) <= room
@@ -349,16 +383,40 @@ class BudgetCloser:
         finally:
             session.state.rollback(1)
 
+    def _openers(self, session: Session) -> list[list[int]]:
+        """The token runs that open what the row's constraint may still require: a structural
+        tag's begins (``StructuralTag.openers``) as the tokenizer spells them; none otherwise."""
+        if self.openers is None:
+            texts = getattr(session.compiled.spec, "openers", tuple)()
+            self.openers = [session.compiled.vocabulary.encode(text) for text in texts]
+        return self.openers
+
     def _ending(self, session: Session, room: int, improve: bool = False,
                 proposed: Sequence[int] = ()) -> list[int] | None:
         """The shortest ending found from the row's state within ``room`` tokens, respelled."""
         ranks = _ranks(session)
         # the search's tokens are short, so it may look past the room by as many as respelling saves
-        found = shortest_completion(session.state, 2 * room, ranks, nodes=256 if improve else 96, improve=improve)
+        found = shortest_completion(session.state, 2 * room, ranks, nodes=256 if improve else 96, improve=improve,
+                                    openers=self._openers(session))
         if found is None:
             return None
         found = respell(session.state, found, _json_written(session, proposed))
-        return found if len(found) <= room else None
+        if len(found) > room:
+            return None
+        self.last_ending = (len(session.output) + len(proposed), found)
+        return found
+
+    def _rest_of_last(self, session: Session, proposed: Sequence[int], room: int) -> list[int] | None:
+        """What is left of the last ending found where the row has written only its tokens since
+        (the model took the ending's next token): still an ending, and no search is needed."""
+        if self.last_ending is None:
+            return None
+        at, ending = self.last_ending
+        written = [*session.output, *proposed][at:]
+        rest = ending[len(written):]
+        if not rest or ending[:len(written)] != written or len(rest) > room:
+            return None
+        return rest
 
 
 def _json_written(session: Session, proposed: Sequence[int] = ()) -> bytes | None:

@@ -31,7 +31,18 @@ from ..constraints.mask import allocate_bitmask, allows_only, apply_bitmask
 from ..models.batch import Feed
 from ..models.runner import ModelRunner
 from ..rewards.base import Reward, as_reward
-from .loop import MAX_FORCED, Proposal, Proposer, Session, fill_deferred_masks, forced_proposer, mask_positions, verify
+from .loop import (
+    MAX_FORCED,
+    Proposal,
+    Proposer,
+    Session,
+    closing,
+    closing_step,
+    fill_deferred_masks,
+    forced_proposer,
+    mask_positions,
+    verify,
+)
 from .loops import SENTENCE_GUARD, LoopGuard
 from .sampling import choose, distribution, masked_logits
 from .strategy import MAIN, Passes, StepProgram
@@ -82,6 +93,8 @@ class CDLH:
         best candidate committed."""
         state = session.state
         if logits is None:
+            if closing(session):
+                return (yield from closing_step(session))
             logits = (yield Passes.target(Feed(MAIN, session.sequence)))[0][-1]
         masked = apply_bitmask(logits.clone(), session.current_mask())
         if self.loop_guard is not None and not guarded:
@@ -391,6 +404,8 @@ class CDSL:
     def steps(self, session: Session) -> StepProgram:
         """One CDSL step: the lookahead (draft passes), one target pass verifying it, and the
         commit of its state (a fallback CDLH step adds its roll-out passes)."""
+        if closing(session):
+            return (yield from closing_step(session))
         proposal = Proposal()
         room = session.max_tokens - len(session.output) - 1
         if room > 0:

@@ -21,10 +21,12 @@ import torch
 from ..constraints import CompiledConstraint, ConstraintState
 from ..constraints.mask import allocate_bitmask, apply_bitmask, host_kernels, mask_on_host, words_for
 from ..errors import InvalidToken
+from ..models.batch import Feed
 from ..models.runner import ModelRunner
 from ..result import DecodeStats, Result, parse_value
 from .budget import BudgetCloser
 from .sampling import SamplingParams, choose, distribution
+from .strategy import MAIN, Passes, StepProgram
 
 _log = logging.getLogger(__name__)
 
@@ -170,6 +172,23 @@ def propose(session: Session, proposers: Sequence[Proposer], k: int, max_tokens:
     proposal.masks.append(None)
     session.stats.proposed += len(proposal.tokens)
     return proposal
+
+
+def closing(session: Session) -> bool:
+    """Whether the row is near enough the end of its budget that its budget closer steps it
+    (``on_budget="close"``; ``decoding.budget``): no lookahead can then outrun the closer's check."""
+    return session.budget is not None and session.budget.watching(session)
+
+
+def closing_step(session: Session) -> StepProgram:
+    """A plain target step under the budget closer, as a target row near its end takes: the tokens
+    the constraint forces, one target pass, and the model's token among those the closer allows (no
+    reward: the ending's shape is the budget's)."""
+    proposal = propose(session, [forced_proposer()], 0, session.max_tokens)
+    tokens = proposal.tokens
+    logits = (yield Passes.target(Feed(MAIN, session.sequence + tokens, len(tokens) + 1)))[0]
+    fill_deferred_masks(session, proposal)
+    return commit(session, proposal, mask_positions(logits, proposal.masks))
 
 
 def truncate(session: Session, proposal: Proposal, keep: int) -> None:
