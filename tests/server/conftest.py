@@ -8,6 +8,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import pytest
+
 SERVER_EXTRA = "needs the server extra: pip install 'cdsl_struct[server]'"
 
 
@@ -35,6 +37,16 @@ def running_server(app, **config) -> Iterator[str]:
         server.should_exit = True
         thread.join(timeout=30)
         sock.close()
+
+
+@pytest.fixture(scope="module")
+def base_url(smollm2):
+    """The URL of a server on the embedded SmolLM2 for the real-client tests (one per module)."""
+    from cdsl_struct.api import Generator
+    from cdsl_struct.server import create_app
+
+    with running_server(create_app(Generator(smollm2), default_max_tokens=64)) as url:
+        yield url
 
 
 def client_for(base_url: str, **kwargs):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel, Field
 
-from .conftest import SERVER_EXTRA, running_server
+from .conftest import SERVER_EXTRA
 
 pytest.importorskip("fastapi", reason=SERVER_EXTRA)
 CLIENTS_EXTRA = "needs the clients extra: pip install 'cdsl_struct[clients]'"
@@ -21,15 +21,6 @@ class Person(BaseModel):
 
     name: str = Field(max_length=24)
     age: int = Field(ge=0, le=150)
-
-
-@pytest.fixture(scope="module")
-def base_url(smollm2):
-    from cdsl_struct.api import Generator
-    from cdsl_struct.server import create_app
-
-    with running_server(create_app(Generator(smollm2), default_max_tokens=64)) as url:
-        yield url
 
 
 def test_instructor_tools_and_json_schema_modes(base_url):
