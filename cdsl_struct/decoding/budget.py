@@ -3,7 +3,8 @@
 Near the end of its budget a row asks ``BudgetCloser`` for the shortest way to a complete output
 it can find from its constraint state (``shortest_completion``: a depth-first search that tries
 the tokens that close things first — end a string, close an object or array, the smallest value —
-taking the tokens the constraint forces as they come, and rolls the state back to where it was),
+taking the tokens the constraint forces as they come, and a structural tag's begin as one move
+where a tag must still be written, and rolls the state back to where it was),
 spelled in as few tokens as the tokenizer writes it (``respell``: the search steps ``"`` then
 ``,`` then ``"`` where SmolLM2 writes ``","`` as one token; JSON loses its whitespace outside
 strings). While the model's own tokens leave room for that ending it decodes freely, one token a
