@@ -78,12 +78,12 @@ def _one(gen: Generator, task: Any, setting: str, max_tokens: int) -> int:
 
 
 def run_feature_cost(rounds: int, rows: int, max_tokens: int, settings: tuple[str, ...],
-                      requests: int | None = None) -> dict[str, Any]:
+                      requests: int | None = None, device: str = "auto") -> dict[str, Any]:
     """Per round and setting: wall seconds, tokens, and the engine's forward seconds, steps and rows
     stepped, of ``requests`` answers (default: ``rows``) sent by ``rows`` clients, each sending its
     next request when its answer arrives (one setting runs at a time, so the engine's counters over
     a round are that setting's)."""
-    gen = Generator("smollm2", max_batch_size=rows)
+    gen = Generator("smollm2", max_batch_size=rows, device=device)
     tasks = family_tasks("tune", requests or rows)
     try:
         for setting in settings:  # warm: compiles, first-use mask tables
@@ -148,6 +148,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated, of {', '.join(SETTINGS)}"
                                                                         " (json is always run)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     parser.add_argument("--json", dest="json_out", help="write the measurements and the table here")
 
 
@@ -162,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise SystemExit(f"unknown settings {sorted(unknown)}; known: {', '.join(SETTINGS)}")
     settings = ("json", *[s for s in chosen if s != "json"])
-    measured = run_feature_cost(args.rounds, args.rows, args.max_tokens, settings, args.requests)
+    measured = run_feature_cost(args.rounds, args.rows, args.max_tokens, settings, args.requests, args.device)
     table = summarize(measured)
     config = {k: v for k, v in vars(args).items() if k not in ("run", "json_out")}
     return write_report({"config": config, "machine": machine_info(), "rounds": measured, "summary": table},

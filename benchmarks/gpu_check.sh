@@ -3,7 +3,7 @@
 # ../shared/gpu/README.md:  bash .gpu/run.sh bash benchmarks/gpu_check.sh
 # Each step has its own time limit and appends its log to $OUT/steps.log (at most 8 files come back
 # from a device call), so a step that runs long costs only itself; the most wanted figures come
-# first, for a call that runs out of device time. About 6 minutes on an H100; SPECULATIVE=1 adds the
+# first, for a call that runs out of device time. About 8 minutes on an H100; SPECULATIVE=1 adds the
 # speculative bench in float32 and bfloat16, OVERHEAD=1 the host-time bench, BUDGET=1 budget closing
 # on the card; ONLY="throughput tests" runs only the steps named.
 set -u
@@ -37,6 +37,9 @@ kill "$server"; wait "$server" 2>/dev/null
 fi
 step tests 120 python3 -m pytest -q -p no:cacheprovider tests/models/test_compat.py \
   tests/models/test_device.py tests/decoding/test_host_reads.py
+# what a structural tag and the budget check cost per token at 16 rows, beside plain JSON (issues 39, 40)
+step feature 200 $LAB feature-cost --device cuda --rounds 5 --rows 16 --requests 48 --max-tokens 96 \
+  --settings json,json+close,stream+partials,tag,text --json "$OUT/feature_cost.json"
 if [ -n "${OVERHEAD:-}" ]; then
   step overhead 70 $CLI bench overhead --device cuda --rows 1,16,64,256 --threads 0 --json "$OUT/overhead.json"
 fi
