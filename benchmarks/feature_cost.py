@@ -78,11 +78,12 @@ def _one(gen: Generator, task: Any, setting: str, max_tokens: int) -> int:
 
 
 def run_feature_cost(rounds: int, rows: int, max_tokens: int, settings: tuple[str, ...],
-                      requests: int | None = None, device: str = "auto") -> dict[str, Any]:
+                      requests: int | None = None, device: str = "auto", warm_rounds: int = 0) -> dict[str, Any]:
     """Per round and setting: wall seconds, tokens, and the engine's forward seconds, steps and rows
     stepped, of ``requests`` answers (default: ``rows``) sent by ``rows`` clients, each sending its
     next request when its answer arrives (one setting runs at a time, so the engine's counters over
-    a round are that setting's)."""
+    a round are that setting's). ``warm_rounds``: whole rounds run first and not measured (on a GPU
+    the first batches of each shape pay for kernel selection)."""
     gen = Generator("smollm2", max_batch_size=rows, device=device)
     tasks = family_tasks("tune", requests or rows)
     try:
@@ -91,13 +92,15 @@ def run_feature_cost(rounds: int, rows: int, max_tokens: int, settings: tuple[st
         measured: dict[str, list[dict[str, float]]] = {s: [] for s in settings}
         stats = gen.engine.stats
         with ThreadPoolExecutor(rows) as pool:
-            for number in range(rounds):
+            for number in range(-warm_rounds, rounds):
                 order = list(settings[number % len(settings):] + settings[:number % len(settings)])
                 for setting in order:
                     before = (stats.forward_seconds, stats.steps, stats.rows_stepped)
                     start = time.perf_counter()
                     tokens = sum(pool.map(lambda t, s=setting: _one(gen, t, s, max_tokens), tasks))
                     wall = time.perf_counter() - start
+                    if number < 0:
+                        continue
                     measured[setting].append({"wall": wall, "tokens": tokens,
                                               "forward": stats.forward_seconds - before[0],
                                               "steps": stats.steps - before[1],
@@ -149,6 +152,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                                         " (json is always run)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    parser.add_argument("--warm-rounds", type=int, default=0, help="rounds run first and not measured")
     parser.add_argument("--json", dest="json_out", help="write the measurements and the table here")
 
 
@@ -163,7 +167,8 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise SystemExit(f"unknown settings {sorted(unknown)}; known: {', '.join(SETTINGS)}")
     settings = ("json", *[s for s in chosen if s != "json"])
-    measured = run_feature_cost(args.rounds, args.rows, args.max_tokens, settings, args.requests, args.device)
+    measured = run_feature_cost(args.rounds, args.rows, args.max_tokens, settings, args.requests, args.device,
+                                args.warm_rounds)
     table = summarize(measured)
     config = {k: v for k, v in vars(args).items() if k not in ("run", "json_out")}
     return write_report({"config": config, "machine": machine_info(), "rounds": measured, "summary": table},

@@ -38,8 +38,8 @@ fi
 step tests 120 python3 -m pytest -q -p no:cacheprovider tests/models/test_compat.py \
   tests/models/test_device.py tests/decoding/test_host_reads.py
 # what a structural tag and the budget check cost per token at 16 rows, beside plain JSON (issues 39, 40)
-step feature 200 $LAB feature-cost --device cuda --rounds 5 --rows 16 --requests 48 --max-tokens 96 \
-  --settings json,json+close,stream+partials,tag,text --json "$OUT/feature_cost.json"
+step feature 240 $LAB feature-cost --device cuda --rounds 4 --rows 16 --requests 48 --max-tokens 96 \
+  --warm-rounds 1 --settings json,json+close,stream+partials,tag,text --json "$OUT/feature_cost.json"
 if [ -n "${OVERHEAD:-}" ]; then
   step overhead 70 $CLI bench overhead --device cuda --rows 1,16,64,256 --threads 0 --json "$OUT/overhead.json"
 fi

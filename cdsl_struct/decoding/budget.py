@@ -20,6 +20,8 @@ closer.
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -51,6 +53,10 @@ COMPACT_WINDOW = 0
 CHOICES = 64
 #: the nodes of the quick search that tries one token while closing
 QUICK_NODES = 24
+#: a mask with at most this many nonzero 32-bit words is unpacked whole; a denser one is read in
+#: closing order, a chunk of ``_FIRST_CHUNK`` tokens first
+_SPARSE_WORDS = 64
+_FIRST_CHUNK = 512
 _BRACKETS = set("}]")
 _SMALL_VALUES = {"0", "1", '""', "[]", "{}", "false", "true", "null", "[", "{"}
 _JOINERS = set(",:")
@@ -87,18 +93,70 @@ def closing_ranks(vocabulary: TokenVocabulary, size: int) -> np.ndarray:
     return vocabulary.engine_object("closing_ranks", build)[:size]
 
 
-def shortest_completion(state: ConstraintState, limit: int, ranks: np.ndarray, branch: int = 4,
+@dataclass(frozen=True, eq=False)
+class ClosingOrder:
+    """The tokens of a mask ``size`` wide in ``closing_ranks`` order (ties by id, EOS left out),
+    for picking the first few a mask allows without unpacking all of it. Made once per vocabulary
+    and width (``closing_order``)."""
+
+    order: np.ndarray
+    """Token ids, best closing step first."""
+    position: np.ndarray
+    """Per token id, its index in ``order`` (-1: EOS, never a closing step)."""
+
+    @classmethod
+    def build(cls, ranks: np.ndarray, eos: Sequence[int]) -> ClosingOrder:
+        order = np.argsort(ranks, kind="stable")
+        order = order[~np.isin(order, list(eos))].astype(np.int64)
+        position = np.full(len(ranks), -1, dtype=np.int64)
+        position[order] = np.arange(len(order))
+        return cls(order, position)
+
+    @property
+    def size(self) -> int:
+        return len(self.position)
+
+    def first_allowed(self, words: np.ndarray, count: int) -> list[int]:
+        """The first ``count`` tokens in closing order that the bitmask ``words`` (uint32) allows.
+        Where few words have a bit set (a key, a number, a literal) only those are unpacked; where
+        many do (a string's content) the order is walked a chunk at a time, growing, until
+        ``count`` are found: the best closers are usually in the first chunk."""
+        nonzero = np.flatnonzero(words)
+        if nonzero.size <= _SPARSE_WORDS:
+            bits = np.unpackbits(words[nonzero].view(np.uint8), bitorder="little").reshape(-1, 32)
+            rows, columns = np.nonzero(bits)
+            allowed = nonzero[rows] * 32 + columns
+            places = self.position[allowed[allowed < self.size]]
+            places = np.sort(places[places >= 0])[:count]
+            return self.order[places].tolist()
+        found: list[int] = []
+        start, chunk = 0, _FIRST_CHUNK
+        while start < len(self.order) and len(found) < count:
+            ids = self.order[start:start + chunk]
+            hits = ids[(words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1 == 1]
+            found.extend(hits[:count - len(found)].tolist())
+            start, chunk = start + chunk, chunk * 4
+        return found
+
+
+def closing_order(vocabulary: TokenVocabulary, size: int) -> ClosingOrder:
+    """``ClosingOrder`` of ``vocabulary`` for masks ``size`` wide, made once."""
+    ranks = closing_ranks(vocabulary, size)  # outside: the vocabulary's lock is not reentrant
+    return vocabulary.engine_object(f"closing_order:{size}",
+                                    lambda vocab: ClosingOrder.build(ranks, vocab.eos_token_ids))
+
+
+def shortest_completion(state: ConstraintState, limit: int, closing: ClosingOrder, branch: int = 4,
                         nodes: int = 96, improve: bool = False,
                         openers: Sequence[list[int]] = ()) -> list[int] | None:
     """Tokens (at most ``limit``, EOS not counted) that bring ``state`` to a complete output,
-    searched depth first in ``ranks`` order (``branch`` tokens a position, ``nodes`` tries in all),
+    searched depth first in ``closing`` order (``branch`` tokens a position, ``nodes`` tries in all),
     where the state forces none and knows none that close (``closing_tokens``: a thought's marker);
     None where none was found. ``openers``: token runs tried first, each as one move, wherever the
     state accepts the whole run (a structural tag's begin: in free text no closing token ranks
     first, and one tag must still be written). ``improve``: after the first ending, spend what is
     left of ``nodes`` on shorter ones (branch and bound). ``state`` ends where it started."""
-    mask = allocate_bitmask(len(ranks))
-    eos = np.array(state.vocabulary.eos_token_ids)
+    mask = allocate_bitmask(closing.size)
     spent = 0
 
     def search(room: int) -> list[int] | None:
@@ -116,7 +174,7 @@ def shortest_completion(state: ConstraintState, limit: int, ranks: np.ndarray, b
                 state.rollback(len(forced))
             return None if rest is None else forced + rest
         best: list[int] | None = None
-        for move in _moves(state, mask, ranks, eos, branch, openers):
+        for move in _moves(state, mask, closing, branch, openers):
             bound = room if best is None else min(room, len(best) - 1)  # only a shorter ending is better
             if bound < len(move) or spent >= nodes:
                 if len(move) == 1:
@@ -175,14 +233,14 @@ def _completes(state: ConstraintState, tokens: list[int]) -> bool:
         state.rollback(advanced)
 
 
-def _moves(state: ConstraintState, mask: Any, ranks: np.ndarray, eos: np.ndarray, branch: int,
+def _moves(state: ConstraintState, mask: Any, closing: ClosingOrder, branch: int,
            openers: Sequence[list[int]]) -> Iterator[list[int]]:
     """The search's moves from ``state``: each opener the state accepts whole, then single tokens
     (``_candidates``, computed only when asked for)."""
     for opener in openers:
         if opener and state.validate(opener) == len(opener):
             yield opener[:_completing_prefix(state, opener)]
-    for token in _candidates(state, mask, ranks, eos, branch):
+    for token in _candidates(state, mask, closing, branch):
         yield [token]
 
 
@@ -199,16 +257,11 @@ def _completing_prefix(state: ConstraintState, tokens: list[int]) -> int:
     return len(tokens)
 
 
-def _candidates(state: ConstraintState, mask: Any, ranks: np.ndarray, eos: np.ndarray, branch: int) -> list[int]:
+def _candidates(state: ConstraintState, mask: Any, closing: ClosingOrder, branch: int) -> list[int]:
     """The ``branch`` allowed tokens (EOS aside) that rank first as closing steps, in order."""
     mask.zero_()
     state.fill_mask(mask)
-    allowed = _allowed(mask, len(ranks), eos)
-    order = ranks[allowed]
-    if allowed.size > branch:
-        best = np.argpartition(order, branch)[:branch]
-        allowed, order = allowed[best], order[best]
-    return allowed[np.argsort(order, kind="stable")].tolist()
+    return closing.first_allowed(mask.numpy().view(np.uint32), branch)
 
 
 @dataclass
@@ -344,7 +397,7 @@ class BudgetCloser:
         try:
             if session.state.is_complete():
                 return True
-            found = shortest_completion(session.state, 2 * room, _ranks(session), branch=2, nodes=QUICK_NODES,
+            found = shortest_completion(session.state, 2 * room, _closing(session), branch=2, nodes=QUICK_NODES,
                                         openers=self._openers(session))
             if found is None or len(found) <= room:
                 return found is not None
@@ -394,18 +447,27 @@ class BudgetCloser:
 
     def _ending(self, session: Session, room: int, improve: bool = False,
                 proposed: Sequence[int] = ()) -> list[int] | None:
-        """The shortest ending found from the row's state within ``room`` tokens, respelled."""
-        ranks = _ranks(session)
-        # the search's tokens are short, so it may look past the room by as many as respelling saves
-        found = shortest_completion(session.state, 2 * room, ranks, nodes=256 if improve else 96, improve=improve,
-                                    openers=self._openers(session))
-        if found is None:
-            return None
-        found = respell(session.state, found, _json_written(session, proposed))
-        if len(found) > room:
+        """The shortest ending found from the row's state within ``room`` tokens, respelled. A row
+        that has written nothing yet takes the ending found for an earlier row of the same program
+        (``_FIRST_ENDINGS``): every row of a schema starts in the same state."""
+        fresh = not improve and not proposed and not session.output and session.state.num_tokens == 0
+        known = _FIRST_ENDINGS.get(session.compiled.program) if fresh else None
+        if known is not None and (len(known[1]) <= room if known[1] is not None else room <= known[0]):
+            found = known[1]
+        else:
+            found = self._search(session, room, improve, proposed)
+            if fresh:
+                _FIRST_ENDINGS.put(session.compiled.program, (room, found))
+        if found is None or len(found) > room:
             return None
         self.last_ending = (len(session.output) + len(proposed), found)
         return found
+
+    def _search(self, session: Session, room: int, improve: bool, proposed: Sequence[int]) -> list[int] | None:
+        # the search's tokens are short, so it may look past the room by as many as respelling saves
+        found = shortest_completion(session.state, 2 * room, _closing(session), nodes=256 if improve else 96,
+                                    improve=improve, openers=self._openers(session))
+        return None if found is None else respell(session.state, found, _json_written(session, proposed))
 
     def _rest_of_last(self, session: Session, proposed: Sequence[int], room: int) -> list[int] | None:
         """What is left of the last ending found where the row has written only its tokens since
@@ -420,6 +482,32 @@ class BudgetCloser:
         return rest
 
 
+class _ProgramEndings:
+    """Per engine program (weakly held), the ending found from a fresh state and the room it was
+    searched in; shared by the engines of a process (a compiled constraint is)."""
+
+    def __init__(self) -> None:
+        self._endings: weakref.WeakKeyDictionary[Any, tuple[int, list[int] | None]] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def get(self, program: Any) -> tuple[int, list[int] | None] | None:
+        with self._lock:
+            try:
+                return self._endings.get(program)
+            except TypeError:  # a program that cannot be weakly referenced is not remembered
+                return None
+
+    def put(self, program: Any, searched: tuple[int, list[int] | None]) -> None:
+        with self._lock:
+            try:
+                self._endings[program] = searched
+            except TypeError:
+                pass
+
+
+_FIRST_ENDINGS = _ProgramEndings()
+
+
 def _json_written(session: Session, proposed: Sequence[int] = ()) -> bytes | None:
     """The bytes a JSON row wrote so far, ``proposed`` included (None for a row whose output is
     not JSON)."""
@@ -429,8 +517,8 @@ def _json_written(session: Session, proposed: Sequence[int] = ()) -> bytes | Non
     return session.compiled.vocabulary.decode([t for t in [*session.output, *proposed] if t not in eos])
 
 
-def _ranks(session: Session) -> np.ndarray:
-    return closing_ranks(session.compiled.vocabulary, session.compiled.vocab_size)
+def _closing(session: Session) -> ClosingOrder:
+    return closing_order(session.compiled.vocabulary, session.compiled.vocab_size)
 
 
 def _allowed(mask: Any, size: int, eos: Sequence[int]) -> np.ndarray:

@@ -146,9 +146,7 @@ def prepared_gguf(gguf: Path, label: str | None = None) -> Path:
     """Dequantise ``gguf`` once into a cached safetensors folder; return the folder."""
     if not gguf.exists():
         raise ModelNotFound(f"GGUF file {gguf} does not exist")
-    stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    target = cache_dir("models") / f"{label or gguf.stem}-{key}"
+    target = cache_dir("models") / f"{label or gguf.stem}-{gguf_key(gguf)}"
     if (target / "model.safetensors").exists():
         return target
     with _load_lock:
@@ -156,6 +154,20 @@ def prepared_gguf(gguf: Path, label: str | None = None) -> Path:
             return target
         _dequantise(gguf, target)
     return target
+
+
+def gguf_key(gguf: Path, sample: int = 1 << 20) -> str:
+    """A key of the file's content: its size and a digest of its first, middle and last ``sample``
+    bytes (a GGUF's header names its tensors and their offsets; the weights differ throughout).
+    The same file reinstalled, copied or touched keeps its key, so a new virtual environment or
+    clone reuses the folder prepared before instead of adding another of the model's size."""
+    size = gguf.stat().st_size
+    digest = hashlib.sha256(str(size).encode())
+    with gguf.open("rb") as handle:
+        for offset in sorted({0, max(0, size // 2 - sample // 2), max(0, size - sample)}):
+            handle.seek(offset)
+            digest.update(handle.read(sample))
+    return digest.hexdigest()[:16]
 
 
 def _dequantise(gguf: Path, target: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 import cdsl_struct as cs
 from cdsl_struct.api import Generator
-from cdsl_struct.decoding.budget import closing_ranks, respell, shortest_completion
+from cdsl_struct.decoding.budget import closing_order, respell, shortest_completion
 
 PERSON = {"type": "object", "properties": {
     "name": {"type": "string"}, "bio": {"type": "string"}, "age": {"type": "integer"},
@@ -37,7 +37,7 @@ def test_the_search_finds_a_completion_that_makes_the_output_valid(smollm2, pref
     state = compiled.new_state()
     state.advance(tokenizer.encode(prefix, add_special_tokens=False))
     before = state.num_tokens
-    completion = shortest_completion(state, 64, closing_ranks(compiled.vocabulary, compiled.vocab_size))
+    completion = shortest_completion(state, 64, closing_order(compiled.vocabulary, compiled.vocab_size))
     assert completion is not None and state.num_tokens == before and not state.is_complete()  # rolled back
     text = prefix + compiled.vocabulary.decode(completion).decode()
     jsonschema.validate(json.loads(text), PERSON)
@@ -48,7 +48,7 @@ def test_the_search_finds_a_completion_that_makes_the_output_valid(smollm2, pref
 def test_the_search_says_none_where_nothing_fits(smollm2):
     compiled = cs.compile(cs.JsonSchema(PERSON), smollm2.tokenizer, eos_token_ids=smollm2.eos_token_ids)
     state = compiled.new_state()
-    assert shortest_completion(state, 5, closing_ranks(compiled.vocabulary, compiled.vocab_size)) is None
+    assert shortest_completion(state, 5, closing_order(compiled.vocabulary, compiled.vocab_size)) is None
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +124,7 @@ def test_a_tool_call_cut_short_closes_into_a_call(gen):
 def test_an_ending_is_respelled_in_the_tokenizers_own_tokens(smollm2):
     compiled = cs.compile(cs.JsonSchema(PERSON), smollm2.tokenizer, eos_token_ids=smollm2.eos_token_ids)
     state = compiled.new_state()
-    found = shortest_completion(state, 64, closing_ranks(compiled.vocabulary, compiled.vocab_size))
+    found = shortest_completion(state, 64, closing_order(compiled.vocabulary, compiled.vocab_size))
     spelled = respell(state, found, b"")
     assert len(spelled) < len(found) and state.num_tokens == 0
     assert b" " not in compiled.vocabulary.decode(spelled)  # JSON: no whitespace outside strings
@@ -138,7 +138,7 @@ def test_a_json_ending_keeps_the_whitespace_inside_a_string(smollm2):
     state = compiled.new_state()
     prefix = '{"name": "Ada Lovelace'
     state.advance(smollm2.tokenizer.encode(prefix, add_special_tokens=False))
-    found = shortest_completion(state, 64, closing_ranks(compiled.vocabulary, compiled.vocab_size))
+    found = shortest_completion(state, 64, closing_order(compiled.vocabulary, compiled.vocab_size))
     spelled = respell(state, found, prefix.encode())
     value = json.loads(prefix + compiled.vocabulary.decode(spelled).decode())
     assert value["name"] == "Ada Lovelace"
@@ -155,7 +155,7 @@ def test_while_closing_the_model_still_chooses_an_enum_member(gen):
     assert natural.complete and natural.value["sentiment"] == "negative"
     compiled = cs.compile(cs.JsonSchema(REVIEW), gen.tokenizer, eos_token_ids=gen.loaded.eos_token_ids)
     state = compiled.new_state()
-    shortest = respell(state, shortest_completion(state, 64, closing_ranks(compiled.vocabulary,
+    shortest = respell(state, shortest_completion(state, 64, closing_order(compiled.vocabulary,
                                                                             compiled.vocab_size)), b"")
     assert json.loads(compiled.vocabulary.decode(shortest))["sentiment"] != "negative"
     # a budget the shortest ending barely fits: the row closes from its first token
@@ -191,7 +191,7 @@ def test_the_search_opens_a_structural_tag_that_must_still_be_written(smollm2):
     compiled = cs.compile(tag, tokenizer, eos_token_ids=smollm2.eos_token_ids)
     state = compiled.new_state()
     state.advance(tokenizer.encode("The weather in Paris is mild today and", add_special_tokens=False))
-    ranks = closing_ranks(compiled.vocabulary, compiled.vocab_size)
+    ranks = closing_order(compiled.vocabulary, compiled.vocab_size)
     assert shortest_completion(state, 24, ranks) is None  # token by token it never finds the trigger
     openers = [compiled.vocabulary.encode(text) for text in tag.openers()]
     completion = shortest_completion(state, 24, ranks, openers=openers)
@@ -206,3 +206,52 @@ def test_a_structural_tag_never_written_closes_into_one(gen):
     assert len(result.tokens) <= 40
     (segment,) = result.value
     jsonschema.validate(segment.value, CITY)
+
+
+@pytest.mark.parametrize("where", ["sparse", "dense", "a key", "in a string"])
+def test_the_closing_order_picks_the_allowed_tokens_that_rank_first(smollm2, where):
+    import numpy as np
+
+    from cdsl_struct.constraints.mask import allocate_bitmask, set_bit
+    from cdsl_struct.decoding.budget import closing_ranks
+
+    compiled = cs.compile(cs.JsonSchema(PERSON), smollm2.tokenizer, eos_token_ids=smollm2.eos_token_ids)
+    size, eos = compiled.vocab_size, smollm2.eos_token_ids
+    mask = allocate_bitmask(size)
+    if where in ("sparse", "dense"):
+        rng = np.random.default_rng(7)
+        chosen = rng.choice(size, 40 if where == "sparse" else size // 2, replace=False)
+        for token in [*chosen.tolist(), *eos]:
+            set_bit(mask, token)
+    else:
+        state = compiled.new_state()
+        state.advance(smollm2.tokenizer.encode('{"name": "A' if where == "in a string" else '{"name": "A", "',
+                                               add_special_tokens=False))
+        state.fill_mask(mask)
+    bits = np.unpackbits(mask.numpy().view(np.uint8), bitorder="little")[:size]
+    allowed = [t for t in np.flatnonzero(bits).tolist() if t not in eos]
+    ranks = closing_ranks(compiled.vocabulary, size)
+    expected = sorted(allowed, key=lambda t: (ranks[t], t))[:6]
+    order = closing_order(compiled.vocabulary, size)
+    assert order.first_allowed(mask.numpy().view(np.uint32), 6) == expected
+
+
+def test_rows_of_one_schema_take_the_ending_found_from_the_start_once(gen, monkeypatch):
+    from cdsl_struct.decoding import budget
+
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "landmarks": {
+        "type": "array", "items": {"type": "string"}, "minItems": 1}}, "required": ["city", "landmarks"]}
+    searches: list[int] = []
+    real = budget.shortest_completion
+
+    def counted(state, *args, **kwargs):
+        searches.append(state.num_tokens)
+        return real(state, *args, **kwargs)
+
+    monkeypatch.setattr(budget, "shortest_completion", counted)
+    first = gen.generate("Describe Paris and ten of its landmarks.", schema=schema, max_tokens=30)
+    from_start = searches.count(0)
+    second = gen.generate("Describe Paris and ten of its landmarks.", schema=schema, max_tokens=30)
+    assert from_start == 1 and searches.count(0) == 1  # the second row searched only after writing
+    assert first.closed_by_budget and second.text == first.text
+    jsonschema.validate(second.value, schema)

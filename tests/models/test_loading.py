@@ -65,3 +65,23 @@ def test_a_local_folder_still_loads_from_the_folder(hub_calls, tmp_path):
     with pytest.raises(Exception, match="not reachable in this test"):
         loading.load_model(str(folder), device="cpu")
     assert hub_calls[0] == ("AutoTokenizer.from_pretrained", str(folder))
+
+
+def test_a_gguf_keeps_its_cache_key_when_reinstalled_and_changes_with_its_content(tmp_path):
+    import os
+
+    original = tmp_path / "a" / "model.gguf"
+    original.parent.mkdir()
+    content = bytes(range(256)) * 20_000  # 5 MB: first, middle and last samples apart
+    original.write_bytes(content)
+    copy = tmp_path / "b" / "model.gguf"  # a new environment's copy, written later
+    copy.parent.mkdir()
+    copy.write_bytes(content)
+    os.utime(copy, (1, 1))
+    assert loading.gguf_key(copy) == loading.gguf_key(original)
+    changed = bytearray(content)
+    changed[len(content) // 2] ^= 1  # one byte of the weights in the middle
+    copy.write_bytes(bytes(changed))
+    assert loading.gguf_key(copy) != loading.gguf_key(original)
+    copy.write_bytes(content + b"\0")  # one byte longer
+    assert loading.gguf_key(copy) != loading.gguf_key(original)
