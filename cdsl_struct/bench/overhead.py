@@ -165,7 +165,8 @@ def _spin() -> None:
 
 
 def machine_info() -> dict[str, Any]:
-    """This machine for a report: CPU count and architecture, its AVX/AMX flags, torch and its threads."""
+    """This machine for a report: CPU count and architecture, its AVX/AMX flags, torch and its threads,
+    and the GPUs torch sees (their names; none where CUDA is absent)."""
     flags: list[str] = []
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
@@ -174,7 +175,9 @@ def machine_info() -> dict[str, Any]:
     except (OSError, StopIteration):
         pass
     return {"cpu_count": os.cpu_count(), "machine": platform.machine(), "cpu_flags": flags,
-            "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+            if torch.cuda.is_available() else []}
 
 
 def _device_name(model: Any) -> str:
