@@ -307,6 +307,14 @@ class BudgetCloser:
             self.estimate = len(found)
         return room <= self.estimate + self.margin + self.slack
 
+    def unwatched(self, session: Session) -> int:
+        """How many tokens a step of a row not yet watched may propose (its target token aside)
+        before the closer must look again: a run of forced tokens (a tool call's next name and
+        keys) must not carry the row past the point to close."""
+        room = session.max_tokens - len(session.output)
+        look_at = self.next_look if self.estimate is None else self.estimate + self.margin + self.slack
+        return max(0, room - look_at - 1)
+
     def plan(self, session: Session) -> bool:
         """Whether the row closes from this step on (checked each step while watching)."""
         if self.engaged or session.state.finished:
@@ -317,6 +325,9 @@ class BudgetCloser:
         if completion is None:
             self.next_look = room - self.slack
             return False
+        if not completion:  # complete: EOS may end it here, but a token on may open what cannot close in time
+            self.engaged = room <= self.margin + self.slack and bool(self._continuations(session, room)[1])
+            return self.engaged
         if len(completion) + self.margin < room:
             return False
         # about to close: look for a shorter ending first (the first one found is often not), so
@@ -331,6 +342,10 @@ class BudgetCloser:
         state): while closing ``closing_mask``; else the constraint's, as compact JSON for a JSON
         row within ``compact_window`` of its ending (None: the constraint's, filled later)."""
         room = session.max_tokens - len(session.output) - len(proposed)
+        if not self.engaged and proposed and room <= self.margin + self.slack and session.state.is_complete():
+            # forced tokens completed the output in this step (a call's close): the model's token
+            # must not open what cannot close in time
+            self.engaged = bool(self._continuations(session, room, proposed)[1])
         if self.engaged:
             return self.closing_mask(session, proposed, room)
         if not self._compacting(session, proposed):
@@ -376,7 +391,10 @@ class BudgetCloser:
         ending fits."""
         state, vocab = session.state, session.compiled.vocabulary
         if state.is_complete():
-            return _only(vocab.eos_token_ids[0], session.compiled.vocab_size)
+            mask = _only(vocab.eos_token_ids[0], session.compiled.vocab_size)
+            for token in self._continuations(session, room, proposed)[0]:
+                set_bit(mask, token)
+            return mask
         ending = self._rest_of_last(session, proposed, room) or self._ending(session, room, proposed=proposed)
         if ending is None:
             return None
@@ -388,6 +406,21 @@ class BudgetCloser:
             if token != ending[0] and self._fits_after(session, proposed, token, room - 1):
                 set_bit(mask, token)
         return mask
+
+    def _continuations(self, session: Session, room: int, proposed: Sequence[int] = ()) -> tuple[list[int], list[int]]:
+        """From a complete output, the tokens (EOS aside) after which an ending still fits in ``room``
+        and those after which none does: after a tool call, the start of another call that the
+        room left cannot hold. Both empty where the constraint allows more than ``CHOICES`` tokens
+        on (free text: any token keeps it complete)."""
+        allowed = _allowed(self._constraint_mask(session, list(proposed)), session.compiled.vocab_size,
+                           session.compiled.vocabulary.eos_token_ids)
+        if allowed.size > CHOICES:
+            return [], []
+        fits: list[int] = []
+        overruns: list[int] = []
+        for token in allowed.tolist():
+            (fits if self._fits_after(session, list(proposed), token, room - 1) else overruns).append(token)
+        return fits, overruns
 
     def _fits_after(self, session: Session, proposed: list[int], token: int, room: int) -> bool:
         try:

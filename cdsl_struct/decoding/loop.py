@@ -164,6 +164,8 @@ def propose(session: Session, proposers: Sequence[Proposer], k: int, max_tokens:
         proposal.masks.append(session.budget.mask(session, proposal.tokens))
         session.stats.proposed += len(proposal.tokens)
         return proposal
+    if session.budget is not None:  # not yet watched: the step stops where the closer must look again
+        room = min(room, session.budget.unwatched(session))
     for proposer in proposers:
         budget = min(room - len(proposal.tokens), MAX_FORCED if proposer.name == "forced" else k - proposal.drafted)
         if budget <= 0 or session.state.finished:

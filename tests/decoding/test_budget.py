@@ -255,3 +255,19 @@ def test_rows_of_one_schema_take_the_ending_found_from_the_start_once(gen, monke
     assert from_start == 1 and searches.count(0) == 1  # the second row searched only after writing
     assert first.closed_by_budget and second.text == first.text
     jsonschema.validate(second.value, schema)
+
+
+@pytest.mark.parametrize("name", ["gemma", "hermes"])
+def test_calls_the_model_keeps_writing_close_in_its_format(gen, name):
+    """SmolLM2 writes the same call again and again: the run of forced tokens that opens the next
+    call must not carry the row past the point to close (hermes), and forced tokens that complete
+    a call must not let the model open another that cannot close in time (gemma's fences)."""
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        return ""
+
+    result = gen.generate("What is the weather in Paris?", tools=[get_weather], tool_choice="required",
+                          max_tokens=60, tool_format=name, on_budget="close")
+    assert len(result.tokens) <= 60 and result.finish_reason == "length"
+    assert result.complete and result.closed_by_budget and result.tool_calls, result.text
+    assert all(call.name == "get_weather" and "city" in call.arguments for call in result.tool_calls)
