@@ -241,6 +241,8 @@ def test_masks_are_written_into_one_bitmask_reused_every_step(smollm2, parts):
     """Every position's mask goes into the engine's preallocated bitmask, in place; with and
     without mask threads the rows decode what each decodes alone."""
     rows = workload(smollm2, parts)
+    alone = [decode(ModelRunner(smollm2.model), compiled, ids, max_tokens=12,
+                    proposers=build_proposers(draft, smollm2.model), k=6).tokens for ids, compiled, draft in rows]
     for workers in (0, 2):
         engine = engine_for(smollm2, mask_workers=workers)
         handles = [engine.submit(Request(ids, c, max_tokens=12, proposers=build_proposers(d, smollm2.model), k=6))
@@ -252,10 +254,7 @@ def test_masks_are_written_into_one_bitmask_reused_every_step(smollm2, parts):
             engine.step()
             assert engine._bitmask is buffer  # the same memory, step after step
         engine.close()
-        for (ids, compiled, draft), handle in zip(rows, handles, strict=True):
-            alone = decode(ModelRunner(smollm2.model), compiled, ids, max_tokens=12,
-                           proposers=build_proposers(draft, smollm2.model), k=6)
-            assert handle.wait().tokens == alone.tokens
+        assert [handle.wait().tokens for handle in handles] == alone
 
 
 def test_background_engine_serves_submitters_from_threads(smollm2, parts):
