@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -15,6 +16,41 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # batched rows equal to solo ones) hold bit for bit in float32 only, since bfloat16 rounds
 # differently by batch shape (as on GPUs). tests/models/test_bf16_default.py covers the default.
 os.environ["CDSL_CPU_BF16"] = "0"
+
+
+FILE_SECONDS = Path(__file__).with_name("file_seconds.json")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--write-file-seconds", action="store_true",
+                     help=f"write each test file's measured seconds to {FILE_SECONDS.name} (the run order's weights)")
+
+
+def _file(nodeid: str) -> str:
+    return nodeid.split("::")[0]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Run the files that take longest first (``file_seconds.json``, written by
+    ``--write-file-seconds``; a file not in it counts 1 s). With ``--dist loadfile
+    --no-loadscope-reorder`` xdist hands whole files out in this order, so the last ones to start
+    are short and the workers finish close together; xdist's own order (by number of tests) left
+    one-test files of 40-50 s (Ray, the soak) for last."""
+    seconds = json.loads(FILE_SECONDS.read_text()) if FILE_SECONDS.exists() else {}
+    first_index = {_file(item.nodeid): index for index, item in reversed(list(enumerate(items)))}
+    items.sort(key=lambda item: (-seconds.get(_file(item.nodeid), 1.0), first_index[_file(item.nodeid)]))
+
+
+_measured: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    _measured[_file(report.nodeid)] = _measured.get(_file(report.nodeid), 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    if session.config.getoption("--write-file-seconds") and not hasattr(session.config, "workerinput"):
+        FILE_SECONDS.write_text(json.dumps({f: round(s, 1) for f, s in sorted(_measured.items())}, indent=0) + "\n")
 
 
 def pytest_configure(config):

@@ -61,20 +61,23 @@ def load_cases(data: str | Path, limit: int | None = None, seed: int = 0) -> lis
     """
     path = Path(data)
     files = sorted(p for p in path.iterdir() if p.name.endswith((".jsonl", ".jsonl.gz"))) if path.is_dir() else [path]
-    cases = [case for file in files for case in read_jsonl(file)]
-    if limit is not None and limit < len(cases):
-        picked = sorted(random.Random(seed).sample(range(len(cases)), limit))
-        cases = [cases[i] for i in picked]
-    return cases
+    lines = [line for file in files for line in _lines(file)]
+    if limit is not None and limit < len(lines):  # parse only the sample: the full set is ~60 MB of JSON
+        picked = sorted(random.Random(seed).sample(range(len(lines)), limit))
+        lines = [lines[i] for i in picked]
+    return [json.loads(line) for line in lines]
 
 
 def read_jsonl(file: Path) -> Iterator[dict[str, Any]]:
     """The JSON objects of a ``.jsonl`` or ``.jsonl.gz`` file, one per non-empty line."""
+    return (json.loads(line) for line in _lines(file))
+
+
+def _lines(file: Path) -> Iterator[str]:
+    """The non-empty lines of a ``.jsonl`` or ``.jsonl.gz`` file."""
     opener = gzip.open if file.name.endswith(".gz") else open
     with opener(file, "rt", encoding="utf-8") as handle:
-        for line in handle:
-            if line.strip():
-                yield json.loads(line)
+        yield from (line for line in handle if line.strip())
 
 
 def run_case(case: dict[str, Any], vocabulary: TokenVocabulary, config: MaskBenchConfig,

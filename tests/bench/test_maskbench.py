@@ -58,7 +58,9 @@ def test_schemas_are_judged_as_given_not_closed(vocab_of):
 def test_outlines_core_on_small_schemas(vocab_of):
     small = [c for c in load_cases(MASKBENCH_DIR, limit=300, seed=2) if len(json.dumps(c["schema"])) < 250][:8]
     config = MaskBenchConfig(backend="outlines-core")
-    results = [run_case(case, vocab_of("llama3"), config) for case in small]
+    # SmolLM2's 49k tokens, not llama3's 128k: outlines-core's index grows with the vocabulary (5x
+    # faster here) and these eight cases end alike on both
+    results = [run_case(case, vocab_of("smollm2"), config) for case in small]
     assert all(r["status"] != "invalidation_error" for r in results), results
     assert sum(r["status"] == "passing" for r in results) >= 3
 

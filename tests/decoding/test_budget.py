@@ -53,8 +53,11 @@ def test_the_search_says_none_where_nothing_fits(smollm2):
 
 @pytest.fixture(scope="module")
 def natural(gen):
-    """The answer with room to finish (decoded once for the module)."""
-    return gen.generate(PROMPT, schema=PERSON, max_tokens=400, on_budget="cut")
+    """The answer's first 91 tokens, cut (decoded once for the module): where it ends by ``length``,
+    the whole answer is longer than the tests' largest budget (90), so each budget cuts it."""
+    first = gen.generate(PROMPT, schema=PERSON, max_tokens=91, on_budget="cut")
+    assert first.finish_reason == "length" and len(first.tokens) == 91
+    return first
 
 
 @pytest.mark.parametrize("budget", [45, 90])

@@ -70,12 +70,17 @@ def valid(result, compiled):
     return result.text in ("positive", "negative", "neutral")
 
 
-@pytest.mark.parametrize("runner", [RaggedRunner, BatchRunner])
-def test_batched_rows_equal_solo_runs_and_are_valid(smollm2, parts, runner):
-    rows = workload(smollm2, parts)
+@pytest.fixture(scope="module")
+def alone(smollm2, parts):
+    """The workload's rows, each decoded alone (one-row runner), 40 tokens at most."""
     target = ModelRunner(smollm2.model)
-    alone = [decode(target, c, ids, proposers=build_proposers(d, smollm2.model), k=6, max_tokens=40)
-             for ids, c, d in rows]
+    return [decode(target, c, ids, proposers=build_proposers(d, smollm2.model), k=6, max_tokens=40)
+            for ids, c, d in workload(smollm2, parts)]
+
+
+@pytest.mark.parametrize("runner", [RaggedRunner, BatchRunner])
+def test_batched_rows_equal_solo_runs_and_are_valid(smollm2, parts, alone, runner):
+    rows = workload(smollm2, parts)
     engine = engine_for(smollm2, runner=runner)
     together = engine.run([Request(ids, c, max_tokens=40, proposers=build_proposers(d, smollm2.model), k=6)
                            for ids, c, d in rows])
@@ -237,12 +242,12 @@ def test_the_default_prefill_budget_is_the_devices(smollm2):
     assert engine_for(smollm2, prefill_budget=None).scheduler.prefill_budget is None
 
 
-def test_masks_are_written_into_one_bitmask_reused_every_step(smollm2, parts):
+def test_masks_are_written_into_one_bitmask_reused_every_step(smollm2, parts, alone):
     """Every position's mask goes into the engine's preallocated bitmask, in place; with and
-    without mask threads the rows decode what each decodes alone."""
+    without mask threads the rows decode what each decodes alone (greedy and cut, not closed, at
+    the budget: the first 12 tokens of a row's 40)."""
     rows = workload(smollm2, parts)
-    alone = [decode(ModelRunner(smollm2.model), compiled, ids, max_tokens=12,
-                    proposers=build_proposers(draft, smollm2.model), k=6).tokens for ids, compiled, draft in rows]
+    first_12 = [result.tokens[:12] for result in alone]
     for workers in (0, 2):
         engine = engine_for(smollm2, mask_workers=workers)
         handles = [engine.submit(Request(ids, c, max_tokens=12, proposers=build_proposers(d, smollm2.model), k=6))
@@ -254,7 +259,7 @@ def test_masks_are_written_into_one_bitmask_reused_every_step(smollm2, parts):
             engine.step()
             assert engine._bitmask is buffer  # the same memory, step after step
         engine.close()
-        assert [handle.wait().tokens for handle in handles] == alone
+        assert [handle.wait().tokens for handle in handles] == first_12
 
 
 def test_background_engine_serves_submitters_from_threads(smollm2, parts):
