@@ -88,3 +88,13 @@ def test_no_import_circles_in_the_package():
     graph = module_graph()
     assert len(graph) > 50 and graph["cdsl_struct.api"]  # the graph was read
     assert circles(graph) == []
+
+
+def test_modules_stay_small_and_the_shipped_benches_few():
+    """No module of the package or of the lab's ``benchmarks/`` over 600 lines; the benches the wheel
+    ships (``cdsl_struct/bench``: what users run against their deployment) 1,500 lines at most."""
+    lines = {path: len(path.read_text(encoding="utf-8").splitlines())
+             for folder in (ROOT, ROOT.parent / "benchmarks") for path in folder.rglob("*.py")}
+    assert len(lines) > 100
+    assert {str(path): n for path, n in lines.items() if n > 600} == {}
+    assert sum(n for path, n in lines.items() if (ROOT / "bench") in path.parents) <= 1500

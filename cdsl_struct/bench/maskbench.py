@@ -55,16 +55,13 @@ class MaskBenchConfig:
 
 
 def load_cases(data: str | Path, limit: int | None = None, seed: int = 0) -> list[dict[str, Any]]:
-    """Cases from a ``.jsonl``/``.jsonl.gz`` file or every such file in a folder.
-
-    ``limit`` samples that many cases reproducibly (by ``seed``) across all files.
-    """
+    """Cases from a ``.jsonl``/``.jsonl.gz`` file or every such file in a folder; ``limit`` samples
+    that many reproducibly (by ``seed``) across all files."""
     path = Path(data)
     files = sorted(p for p in path.iterdir() if p.name.endswith((".jsonl", ".jsonl.gz"))) if path.is_dir() else [path]
     lines = [line for file in files for line in _lines(file)]
     if limit is not None and limit < len(lines):  # parse only the sample: the full set is ~60 MB of JSON
-        picked = sorted(random.Random(seed).sample(range(len(lines)), limit))
-        lines = [lines[i] for i in picked]
+        lines = [lines[i] for i in sorted(random.Random(seed).sample(range(len(lines)), limit))]
     return [json.loads(line) for line in lines]
 
 
@@ -75,8 +72,7 @@ def read_jsonl(file: Path) -> Iterator[dict[str, Any]]:
 
 def _lines(file: Path) -> Iterator[str]:
     """The non-empty lines of a ``.jsonl`` or ``.jsonl.gz`` file."""
-    opener = gzip.open if file.name.endswith(".gz") else open
-    with opener(file, "rt", encoding="utf-8") as handle:
+    with (gzip.open if file.name.endswith(".gz") else open)(file, "rt", encoding="utf-8") as handle:
         yield from (line for line in handle if line.strip())
 
 
@@ -240,14 +236,11 @@ def run_maskbench(
         for chosen in [[(r, m) for r, m in zip(results, all_mask_us, strict=True) if split_of(r["id"]) == split]]
     }
     summary["rewrite_rules"] = dict(Counter(rule for r in results for rule in r.get("rewrites", [])))
-    summary.update(
-        tokenizer=str(tokenizer) if isinstance(tokenizer, str) else type(tokenizer).__name__,
-        backend=config.backend,
-        wall_s=round(time.perf_counter() - started, 1),
-        peak_rss_mb={"parent": _own_peak_rss_mb(), "worker": round(peak_worker_rss / 2**20, 1)},
-        vocabulary_build_s=round(vocabulary.build_seconds, 3),
-        backends_used=dict(Counter(r.get("backend", "-") for r in results)),
-    )
+    summary.update(tokenizer=str(tokenizer) if isinstance(tokenizer, str) else type(tokenizer).__name__,
+                   backend=config.backend, wall_s=round(time.perf_counter() - started, 1),
+                   peak_rss_mb={"parent": _own_peak_rss_mb(), "worker": round(peak_worker_rss / 2**20, 1)},
+                   vocabulary_build_s=round(vocabulary.build_seconds, 3),
+                   backends_used=dict(Counter(r.get("backend", "-") for r in results)))
     return {"summary": summary, "cases": results}
 
 
