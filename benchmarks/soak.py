@@ -51,6 +51,8 @@ class SoakConfig:
     model: str = "smollm2"
     server_args: tuple[str, ...] = ()
     sample_s: float = 5.0
+    warm_up: int = 20
+    """The first ``warm_up`` requests of the mix, well-formed ones only, sent one at a time before the load."""
 
 
 def _free_port() -> int:
@@ -331,7 +333,8 @@ def run_soak(config: SoakConfig, progress: bool = True) -> dict[str, Any]:
     """Soak a server (started here unless ``config.url``); the rows, resource samples and summary."""
     with _server(config) as (url, pid):
         client = _Client(url)
-        warm_up = [client.send(soak_request(i)) for i in range(20) if soak_request(i).group == "well_formed"]
+        warm_up = [client.send(request) for request in map(soak_request, range(config.warm_up))
+                   if request.group == "well_formed"]
         client.close()
         resources = _Resources(pid, config.sample_s)
         before, caches_before = resources.now(), _caches(url)
@@ -435,6 +438,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="an argument for the server started here (repeatable, e.g. "
                              "--server-arg=--max-batch-size=8)")
     parser.add_argument("--sample-s", type=float, default=5.0, help="seconds between resource samples (default 5)")
+    parser.add_argument("--warm-up", type=int, default=20,
+                        help="send the mix's first N requests (well-formed ones) one at a time first (default 20)")
     parser.add_argument("--json", dest="json_out", help="write rows, samples and summary here")
     parser.add_argument("--no-progress", action="store_true")
 
@@ -442,6 +447,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the soak as ``args`` say; print the table, write the report."""
     config = SoakConfig(minutes=args.minutes, clients=args.clients, url=args.url, pid=args.pid, model=args.model,
-                        server_args=tuple(args.server_arg), sample_s=args.sample_s)
+                        server_args=tuple(args.server_arg), sample_s=args.sample_s, warm_up=args.warm_up)
     report = run_soak(config, progress=not args.no_progress)
     return write_report(report, format_soak_table(report), args)

@@ -20,7 +20,7 @@ def test_serve_bench_against_our_server(smollm2, one_torch_thread, tmp_path, cap
     generator = Generator(smollm2, max_batch_size=4)
     out = tmp_path / "serve.json"
     with running_server(create_app(generator)) as url:
-        code = main(["bench", "serve", "--url", url, "--requests", "4", "--concurrency", "1,4", "--max-tokens", "24",
+        code = main(["bench", "serve", "--url", url, "--requests", "4", "--concurrency", "1,4", "--max-tokens", "16",
                      "--label", "ours", "--json", str(out)])
     assert code == 0 and "| 4 |" in capsys.readouterr().out
     report = json.loads(out.read_text())

@@ -69,7 +69,7 @@ def test_a_short_soak_of_the_real_server(smollm2, one_torch_thread, tmp_path, ca
     out = tmp_path / "soak.json"
     with running_server(create_app(generator, compile_timeout=10.0)) as url:
         code = main(["soak", "--url", url, "--pid", str(os.getpid()), "--minutes", "0.3", "--clients", "8",
-                     "--sample-s", "1", "--json", str(out), "--no-progress"])
+                     "--sample-s", "1", "--warm-up", "4", "--json", str(out), "--no-progress"])
     assert code == 0 and "| 5xx | 0 |" in capsys.readouterr().out
     report = json.loads(out.read_text())
     summary, rows = report["summary"], report["rows"]

@@ -23,8 +23,8 @@ def bf16_default():
 
 
 def test_auto_loads_bf16_weights_on_packed_linears(bf16_default):
-    """Packed where this run packs at all (``CDSL_PACK=0`` runs these tests on the stock path);
-    a CPU without oneDNN's bf16 path keeps the class and takes the stock path inside it."""
+    """Packed where this run packs at all; a CPU without oneDNN's bf16 path keeps the class and
+    takes the stock path inside it (test_stock_layers.py: a model loaded with packing off)."""
     model = bf16_default.model
     assert next(model.parameters()).dtype is torch.bfloat16
     assert isinstance(model.lm_head, PackedLinear) == bool(packable_dtypes())
