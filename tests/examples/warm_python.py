@@ -5,8 +5,10 @@ The examples test sends one script at a time, one JSON line on stdin (``{"script
 files and runs the script as ``python script.py`` would (``__main__``, ``sys.argv``, the script's
 folder first on ``sys.path``), and the parent answers with one JSON line ``{"code": exit code}``
 (``-9`` where the child ran past its timeout and was killed). Each script still gets a process of
-its own; what it is spared is the import of torch, transformers and the package (several seconds
-of each example on a 2-core CPU). Nothing here starts a thread before forking.
+its own; what it is spared is the import of torch, transformers and the package, and the load and
+self-check of the embedded model (several seconds of each example on a 2-core CPU). Nothing here
+starts a thread before forking, and the model's one forward ran on one torch thread (no OpenMP pool
+to inherit).
 """
 
 from __future__ import annotations
@@ -17,10 +19,35 @@ import runpy
 import sys
 import time
 import traceback
+from typing import Any
 
+import torch
 import transformers.models.llama.modeling_llama  # noqa: F401 - the embedded model's class
 
-import cdsl_struct.api  # noqa: F401 - torch, transformers and the package, imported once for every fork
+import cdsl_struct.api  # torch, transformers and the package, imported once for every fork
+from cdsl_struct.models import loading, self_check
+
+
+def preload_embedded_model() -> None:
+    """Load the embedded model here, once, and run the ragged runner's self-check on it (remembered
+    per model object); a script's ``load_model("smollm2")`` with the default arguments then returns
+    this model, its fork's copy-on-write view of it. Loading and the check are tested elsewhere
+    (``tests/models``); each example would repeat them (about 4 s of a 2-core CPU)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # no OpenMP pool for the forks to inherit
+    loaded = loading.load_model(loading.DEFAULT_MODEL)
+    self_check.batch_runner(loaded.model)
+    torch.set_num_threads(threads)
+    real = loading.load_model
+
+    def load_model(spec: Any = loading.DEFAULT_MODEL, *, device: Any = "auto", dtype: Any = "auto",
+                   pack: bool = True) -> loading.LoadedModel:
+        if str(spec) == loading.DEFAULT_MODEL and (device, dtype, pack) == ("auto", "auto", True):
+            return loaded
+        return real(spec, device=device, dtype=dtype, pack=pack)
+
+    loading.load_model = load_model
+    cdsl_struct.api.load_model = load_model
 
 
 def run_in_child(script: str, stdout: str, stderr: str) -> int:
@@ -63,6 +90,7 @@ def wait(pid: int, timeout: float) -> int:
 
 
 def main() -> None:
+    preload_embedded_model()
     for line in sys.stdin:
         job = json.loads(line)
         pid = os.fork()
