@@ -44,9 +44,9 @@ if [ -n "${OVERHEAD:-}" ]; then
   step overhead 70 $CLI bench overhead --device cuda --rows 1,16,64,256 --threads 0 --json "$OUT/overhead.json"
 fi
 if [ -n "${SPECULATIVE:-}" ]; then
-  step speculative_fp32 50 $LAB speculative --device cuda --dtype float32 --no-hf --repeat 1 \
+  step speculative_fp32 120 $LAB speculative --device cuda --dtype float32 --no-hf --repeat 1 \
     --json "$OUT/spec_fp32.json" --no-progress
-  step speculative_bf16 50 $LAB speculative --device cuda --dtype bfloat16 --no-hf --repeat 1 \
+  step speculative_bf16 120 $LAB speculative --device cuda --dtype bfloat16 --no-hf --repeat 1 \
     --json "$OUT/spec_bf16.json" --no-progress
 fi
 if [ -n "${BUDGET:-}" ]; then
