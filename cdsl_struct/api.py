@@ -20,17 +20,8 @@ from typing import Any
 import torch
 from typing_extensions import Unpack
 
-from .calls import (
-    Call,
-    answer_spec,
-    budget_mode,
-    deprecated_shape,
-    named_errors,
-    partial_reader_for,
-    read_calls,
-    reward_for,
-    split_batch,
-)
+from .arguments import Arguments, deprecated_shape, named_errors, read_arguments, split_batch
+from .calls import Call, budget_mode, partial_reader_for, read_calls
 from .constraints import (
     CompiledConstraint,
     JsonSchema,
@@ -38,7 +29,7 @@ from .constraints import (
     TokenVocabulary,
     compile,
 )
-from .constraints.reasoning import Reasoning, with_reasoning
+from .constraints.reasoning import with_reasoning
 from .constraints.whitespace import DEFAULT_WHITESPACE
 from .decoding import DraftModelProposer, SamplingParams, build_proposers
 from .decoding.engine import BatchEngine, EngineLoad, Request
@@ -367,22 +358,17 @@ class Generator:
 
     # --- resolving a request ------------------------------------------------------------------
 
-    def _prepare(self, prompt: Any, *, schema: Any = None, regex: Any = None, choices: Any = None,
-                 grammar: Any = None, keywords: Any = None, reward: Any = None, tools: Any = None,
-                 tool_choice: Any = "auto", parallel_tool_calls: bool = True, tool_format: Any = None,
-                 reasoning: Any = None, params: GenerationParams | None = None, chat: bool = True,
-                 compile_timeout: float | None = None, **overrides: Any) -> tuple[Call, list[list[int]], bool]:
+    def _prepare(self, prompt: Any, *, tools: Any = None, tool_choice: Any = "auto",
+                 parallel_tool_calls: bool = True, tool_format: Any = None, chat: bool = True,
+                 compile_timeout: float | None = None, **arguments: Any) -> tuple[Call, list[list[int]], bool]:
         """A request resolved (constraint compiled) and its prompts encoded: (call, prompts' ids, is_batch)."""
-        chosen = GenerationParams.of(params, **overrides)
-        call = self._resolve(chosen, schema=schema, regex=regex, choices=choices, grammar=grammar, keywords=keywords,
-                             reward=reward, tools=tools, tool_choice=tool_choice,
-                             parallel_tool_calls=parallel_tool_calls, tool_format=tool_format,
-                             compile_timeout=compile_timeout)
-        with named_errors("reasoning"):
-            call = replace(call, reasoning=Reasoning.of(reasoning))
+        read = read_arguments(tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
+                              tool_format=tool_format, **arguments)
+        call = self._resolve(read, tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
+                             tool_format=tool_format, compile_timeout=compile_timeout)
         prompts, batch = split_batch(prompt)
         thinking = call.reasoning is not None
-        return call, [self._encode(p, chat, call.system, chosen.max_tokens, thinking) for p in prompts], batch
+        return call, [self._encode(p, chat, call.system, read.params.max_tokens, thinking) for p in prompts], batch
 
     def _text_stream(self, call: Call, prompt: list[int], cancel: threading.Event | None) -> TextStream:
         return TextStream(lambda emit, event: self._run(call, prompt, emit, event), cancel,
@@ -400,12 +386,10 @@ class Generator:
                                  zip(rows, encoded, strict=True)))
 
 
-    def _resolve(self, params: GenerationParams, *, schema: Any, regex: Any, choices: Any, grammar: Any,
-                 keywords: Any, reward: Any, tools: Any, tool_choice: Any, parallel_tool_calls: bool,
+    def _resolve(self, read: Arguments, *, tools: Any, tool_choice: Any, parallel_tool_calls: bool,
                  tool_format: Any = None, compile_timeout: float | None = None) -> Call:
+        params, steer, spec = read.params, read.reward, read.spec
         sampling = SamplingParams(temperature=params.temperature, top_p=params.top_p, seed=params.seed)
-        with named_errors("keywords" if keywords is not None else "reward"):
-            steer = reward_for(keywords, reward)
         with named_errors("method"):
             chosen = self.choose_method(params.method, steer is not None)
         if chosen.steered:
@@ -418,7 +402,6 @@ class Generator:
         written = self.tool_format if tool_format is None else resolve_format(tool_format, self.tokenizer)
         with named_errors("tools", "tool_choice"):
             calls = tool_request(tools, tool_choice, parallel_tool_calls, written)
-        spec = answer_spec(schema=schema, regex=regex, choices=choices, grammar=grammar)
         system = None
         if calls is not None:
             if spec is not None and not isinstance(spec, JsonSchema):
@@ -431,7 +414,7 @@ class Generator:
         else:
             compiled = self.compile(spec if spec is not None else Regex(FREE_TEXT), compile_timeout)
         return Call(compiled, chosen, params, sampling, steer, calls, system,
-                     spec if calls is not None else None)
+                    spec if calls is not None else None, read.reasoning)
 
     def compile(self, spec: Any, timeout: float | None = None) -> CompiledConstraint:
         """``spec`` compiled for this model's tokenizer (cached by ``cdsl_struct.compile``, which

@@ -1,33 +1,24 @@
-"""A ``generate`` call resolved: what a request decodes under and how (``Call``), and the
-helpers that read a call's arguments into it (the constraint, the reward, the prompts) and its
-Result back (tool calls). ``Generator`` (``api.py``) uses them; they hold no model.
+"""A ``generate`` call resolved: what a request decodes under and how (``Call``), and the helpers
+that read its Result back (tool calls, partial values). ``Generator`` (``api.py``) uses them; they hold
+no model. Reading the call's arguments (the constraint, the reward) is ``arguments``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
-from .constraints import Choice, CompiledConstraint, ConstraintSpec, Grammar, JsonSchema, Regex
+from .constraints import CompiledConstraint, ConstraintSpec, Grammar, JsonSchema
 from .constraints.reasoning import Reasoning
-from .constraints.specs import as_spec
 from .decoding import SamplingParams
 from .decoding.penalties import Penalties
-from .errors import CdslError, InvalidArgument
-from .options import Method, one_constraint
+from .options import Method
 from .params import GenerationParams
 from .result import Result, parse_value
-from .rewards import KeywordCoverage, Reward, WeightedMean
-from .rewards.base import as_reward
+from .rewards import Reward
 from .streaming import partial_calls_reader, partial_reader
 from .tools import InvalidToolCall, ToolRequest, parse_tool_output
-
-KEYWORD_MAX_REPEATS = 2
-"""``keywords=``: each keyword may appear this often before repeats lower the reward (stuffing never scores)."""
-
 
 
 @dataclass(frozen=True)
@@ -71,33 +62,6 @@ def partial_reader_for(call: Call) -> Callable[[str], Any] | None:
     return partial_reader(call.compiled.spec)
 
 
-def answer_spec(*, schema: Any, regex: Any, choices: Any, grammar: Any) -> ConstraintSpec | None:
-    """The hard constraint named by at most one of the arguments (None: free text)."""
-    one_constraint({"schema": schema, "regex": regex, "choices": choices, "grammar": grammar})
-    if schema is not None:
-        return as_spec(schema)
-    if regex is not None:
-        if isinstance(regex, Regex):
-            return regex
-        if not isinstance(regex, str):
-            raise ValueError(f"regex must be a string, got {type(regex).__name__}")
-        return Regex(regex)
-    if choices is not None:
-        if isinstance(choices, Choice):
-            return choices
-        if isinstance(choices, (str, bytes)) or not isinstance(choices, Sequence) \
-                or not all(isinstance(c, str) for c in choices):
-            raise ValueError("choices must be a list of strings")
-        return Choice(choices)
-    if grammar is not None:
-        if isinstance(grammar, Grammar):
-            return grammar
-        if not isinstance(grammar, (str, Path)):
-            raise ValueError("grammar must be Lark text, a .lark path or a shipped grammar's name")
-        return Grammar(grammar)
-    return None
-
-
 def read_calls(tools: ToolRequest, answer: ConstraintSpec | None, result: Result) -> Result:
     """``result`` split into content and calls; a complete output's value is its calls (or, with no
     call, its answer, parsed by the answer format when there is one)."""
@@ -111,57 +75,3 @@ def read_calls(tools: ToolRequest, answer: ConstraintSpec | None, result: Result
     if complete:
         value = output.calls or (parse_value(answer, output.content or "") if answer else output.content)
     return replace(result, content=output.content, tool_calls=output.calls, complete=complete, value=value)
-
-
-def reward_for(keywords: Any, reward: Any) -> Reward | None:
-    rewards: list[Reward] = []
-    if keywords is not None:
-        if isinstance(keywords, (str, bytes)) or not all(isinstance(w, str) for w in keywords) or not keywords:
-            raise ValueError("keywords must be a non-empty list of words")
-        rewards.append(KeywordCoverage(keywords, max_repeats=KEYWORD_MAX_REPEATS))
-    if reward is not None:
-        if not callable(reward):
-            raise ValueError("reward must be a Reward or a function fn(text, final) -> float")
-        rewards.append(as_reward(reward))
-    if not rewards:
-        return None
-    return rewards[0] if len(rewards) == 1 else WeightedMean(rewards)
-
-
-def split_batch(prompt: Any) -> tuple[list[Any], bool]:
-    """(prompts, is_batch): a string or a message list is one prompt; a list of them a batch."""
-    if isinstance(prompt, str):
-        return [prompt], False
-    if not isinstance(prompt, Sequence) or not prompt:
-        raise ValueError("prompt must be a string, a non-empty list of messages, or a list of prompts")
-    if all(isinstance(p, dict) for p in prompt):
-        return [prompt], False
-    if all(isinstance(p, str) for p in prompt) or all(isinstance(p, (list, tuple)) for p in prompt):
-        return list(prompt), True
-    raise ValueError("a list prompt must hold only messages (dicts), only strings, or only message lists")
-
-
-def deprecated_shape(prompt: Any, stream: bool) -> str | None:
-    """The deprecation message for a ``generate`` call in one of the old shapes (None: the new one)."""
-    if stream:
-        return ("generate(..., stream=True) is deprecated; use stream(prompt, ...), a TextStream that yields the "
-                "text deltas and holds the Result in .result")
-    try:
-        batch = split_batch(prompt)[1]
-    except ValueError:  # a bad prompt: generate() says so
-        return None
-    return ("generate(list_of_prompts) is deprecated; use generate_batch(prompts, ...), which always returns "
-            "a list of Results") if batch else None
-
-
-@contextmanager
-def named_errors(param: str, named_first: str | None = None) -> Iterator[None]:
-    """Re-raise a plain ``ValueError`` from the block as ``InvalidArgument`` naming ``param`` (or
-    ``named_first`` when the message starts with that name)."""
-    try:
-        yield
-    except (InvalidArgument, CdslError):
-        raise
-    except ValueError as exc:
-        name = named_first if named_first and str(exc).startswith(named_first) else param
-        raise InvalidArgument(str(exc), param=name) from exc

@@ -75,6 +75,7 @@ def add_device_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_generate(args: argparse.Namespace) -> int:
     """Run ``generate`` from parsed arguments; a one-line message and exit 2 on bad input."""
+    from .arguments import read_arguments
     from .streaming import Thought
     from .verbs import cached_generator
 
@@ -83,6 +84,7 @@ def run_generate(args: argparse.Namespace) -> int:
             raise ValueError("--tree needs --grammar")
         prompt = _prompt(args.prompt)
         kwargs = _constraint_kwargs(args)
+        read_arguments(params=params_from_args(args), **kwargs)  # a bad spec fails before the model loads
         generator = cached_generator(args.model, None if args.draft == "none" else args.draft, backend=args.backend,
                                      whitespace=args.whitespace, loop_guard=args.loop_guard, device=args.device,
                                      dtype=args.dtype, max_batch_size=args.max_batch_size)
@@ -122,7 +124,8 @@ def _prompt(argument: str | None) -> str:
 
 
 def _constraint_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """``generate``'s constraint arguments; files and grammar names are read here, before any model loads."""
+    """``generate``'s constraint arguments; files and grammar names are read here, before any model loads
+    (``read_arguments`` then parses and checks them)."""
     kwargs: dict[str, Any] = {}
     if args.schema:
         kwargs["schema"] = Path(args.schema).read_text(encoding="utf-8")

@@ -1,6 +1,7 @@
 """The module-level verbs (``cdsl_struct.generate``, ``generate_batch``, ``stream`` and their async
 forms): each runs on a ``Generator`` kept per (model, draft, options), so a model loads once per
-process (``cached_generator``)."""
+process (``cached_generator``). Importing this module loads neither torch nor transformers: a bad
+request is refused before they load (``arguments.read_arguments``)."""
 
 from __future__ import annotations
 
@@ -8,23 +9,35 @@ import asyncio
 import threading
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .api import Emit, Generator
-from .calls import deprecated_shape, partial_reader_for, split_batch
+from .arguments import deprecated_shape, read_arguments, split_batch
 from .constraints.whitespace import DEFAULT_WHITESPACE
 from .models.loading import LoadedModel
 from .result import Result
 from .streaming import AsyncTextStream, PartialValues, TextStream
 
+if TYPE_CHECKING:
+    from .api import Emit, Generator
+
 _generators: dict[tuple, Generator] = {}
 _generators_lock = threading.Lock()
+
+
+#: a verb's keyword arguments that are not the request's own (``read_arguments`` does not take them)
+_CALL_OPTIONS = ("stream", "chat", "cancel", "compile_timeout")
+
+
+def _key(model: str | LoadedModel, draft: str | None, options: dict[str, Any]) -> tuple:
+    return model if isinstance(model, str) else id(model), draft, tuple(sorted(options.items()))
 
 
 def cached_generator(model: str | LoadedModel = "smollm2", draft: str | None = "auto",
                      **options: Any) -> Generator:
     """The Generator for (model, draft, options), made once and kept for the process."""
-    key = (model if isinstance(model, str) else id(model), draft, tuple(sorted(options.items())))
+    from .api import Generator
+
+    key = _key(model, draft, options)
     with _generators_lock:
         if key not in _generators:
             _generators[key] = Generator(model, draft=draft, **options)
@@ -32,9 +45,16 @@ def cached_generator(model: str | LoadedModel = "smollm2", draft: str | None = "
 
 
 def _module_generator(model: str | LoadedModel, draft: str | None, backend: str, whitespace: str,
-                      compile_timeout: float, device: Any, dtype: Any) -> Generator:
-    return cached_generator(model, draft, backend=backend, whitespace=whitespace, compile_timeout=compile_timeout,
-                            device=device, dtype=dtype)
+                      compile_timeout: float, device: Any, dtype: Any, request: dict[str, Any]) -> Generator:
+    """The kept Generator; before one is made (the model loaded), ``request`` (the verb's keyword
+    arguments) is checked, so a bad spec or parameter raises its typed error at once."""
+    options = {"backend": backend, "whitespace": whitespace, "compile_timeout": compile_timeout, "device": device,
+               "dtype": dtype}
+    with _generators_lock:
+        loaded = _key(model, draft, options) in _generators
+    if not loaded:
+        read_arguments(**{name: value for name, value in request.items() if name not in _CALL_OPTIONS})
+    return cached_generator(model, draft, **options)
 
 
 def generate(prompt: str | Sequence[Any], *, model: str | LoadedModel = "smollm2", draft: str | None = "auto",
@@ -45,7 +65,7 @@ def generate(prompt: str | Sequence[Any], *, model: str | LoadedModel = "smollm2
     per process. A list of prompts and ``stream=True`` are deprecated here as on
     ``Generator.generate``: use ``generate_batch`` and ``stream``.
     """
-    generator = _module_generator(model, draft, backend, whitespace, compile_timeout, device, dtype)
+    generator = _module_generator(model, draft, backend, whitespace, compile_timeout, device, dtype, kwargs)
     message = deprecated_shape(prompt, bool(kwargs.get("stream")))
     if message is None:
         return generator.generate(prompt, **kwargs)
@@ -60,7 +80,7 @@ def generate_batch(prompts: Sequence[str | Sequence[Any]], *, model: str | Loade
                    compile_timeout: float = 30.0, device: Any = "auto", dtype: Any = "auto",
                    **kwargs: Any) -> list[Result]:
     """``Generator.generate_batch`` on the Generator ``generate()`` keeps for these options."""
-    return _module_generator(model, draft, backend, whitespace, compile_timeout, device, dtype) \
+    return _module_generator(model, draft, backend, whitespace, compile_timeout, device, dtype, kwargs) \
         .generate_batch(prompts, **kwargs)
 
 
@@ -68,7 +88,7 @@ def stream(prompt: str | Sequence[Any], *, model: str | LoadedModel = "smollm2",
            backend: str = "auto", whitespace: str = DEFAULT_WHITESPACE, compile_timeout: float = 30.0,
            device: Any = "auto", dtype: Any = "auto", **kwargs: Any) -> TextStream:
     """``Generator.stream`` (a ``TextStream``) on the Generator ``generate()`` keeps for these options."""
-    return _module_generator(model, draft, backend, whitespace, compile_timeout, device, dtype) \
+    return _module_generator(model, draft, backend, whitespace, compile_timeout, device, dtype, kwargs) \
         .stream(prompt, **kwargs)
 
 
@@ -79,7 +99,7 @@ async def agenerate(prompt: str | Sequence[Any], *, model: str | LoadedModel = "
     """``Generator.agenerate`` on the Generator ``generate()`` keeps for these options (loaded off
     the event loop the first time)."""
     generator = await asyncio.to_thread(_module_generator, model, draft, backend, whitespace, compile_timeout,
-                                        device, dtype)
+                                        device, dtype, kwargs)
     return await generator.agenerate(prompt, **kwargs)
 
 
@@ -89,7 +109,7 @@ async def agenerate_batch(prompts: Sequence[str | Sequence[Any]], *, model: str 
                           **kwargs: Any) -> list[Result]:
     """``Generator.agenerate_batch`` on the Generator ``generate()`` keeps for these options."""
     generator = await asyncio.to_thread(_module_generator, model, draft, backend, whitespace, compile_timeout,
-                                        device, dtype)
+                                        device, dtype, kwargs)
     return await generator.agenerate_batch(prompts, **kwargs)
 
 
@@ -108,7 +128,9 @@ def astream(prompt: str | Sequence[Any], *, model: str | LoadedModel = "smollm2"
     partials = PartialValues()
 
     def work(emit: Emit, event: threading.Event) -> Result:
-        generator = _module_generator(model, draft, backend, whitespace, compile_timeout, device, dtype)
+        from .calls import partial_reader_for
+
+        generator = _module_generator(model, draft, backend, whitespace, compile_timeout, device, dtype, kwargs)
         call, encoded, _ = generator._prepare(prompt, **kwargs)
         partials.reader = partial_reader_for(call)
         return generator._run(call, encoded[0], emit, event)

@@ -102,7 +102,7 @@ def _reorder(weight: torch.Tensor) -> torch.Tensor | None:
 
 def _packs(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether a linear of ``weight`` on input ``x`` runs on prepacked weights (else the stock path)."""
-    return (not torch.compiler.is_compiling() and x.device.type == "cpu" and weight.device.type == "cpu"
+    return (not torch.compiler.is_dynamo_compiling() and x.device.type == "cpu" and weight.device.type == "cpu"
             and x.dtype == weight.dtype and x.dtype in packable_dtypes() and x.dtype not in _refused
             and not torch.is_grad_enabled())
 

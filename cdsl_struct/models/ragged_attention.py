@@ -154,7 +154,7 @@ def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.
     """The ``RAGGED_ATTENTION`` implementation (transformers' signature): ``ragged_attention`` in a
     ragged step, ``decode_attention`` otherwise."""
     # a compiled step's forward (``models.compiled``): traced, or any part of it dynamo runs eagerly
-    compiling = torch.compiler.is_compiling() or getattr(_step, "cache", None) is not None
+    compiling = torch.compiler.is_dynamo_compiling() or getattr(_step, "cache", None) is not None
     if not compiling and getattr(_step, "plan", None) is None:  # a forward outside a ragged step
         return decode_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                 **kwargs)

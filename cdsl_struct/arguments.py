@@ -1,0 +1,142 @@
+"""A ``generate`` call's arguments read without a model (``read_arguments``): the parameters, the
+reward, the tools and the hard constraint, checked and parsed, so a bad spec raises its typed error
+before anything loads. Imports neither torch nor transformers; ``calls`` and ``Generator`` build on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .constraints import Choice, ConstraintSpec, Grammar, Regex
+from .constraints.reasoning import Reasoning
+from .constraints.specs import as_spec
+from .errors import CdslError, InvalidArgument
+from .options import Method, one_constraint
+from .params import GenerationParams
+from .rewards import KeywordCoverage, Reward, WeightedMean
+from .rewards.base import as_reward
+from .tools import tool_request
+from .tools.formats import ToolFormat, resolve_format
+
+KEYWORD_MAX_REPEATS = 2
+"""``keywords=``: each keyword may appear this often before repeats lower the reward (stuffing never scores)."""
+
+
+
+@dataclass(frozen=True)
+class Arguments:
+    """What a ``generate`` call's arguments mean without a model: its decoding parameters, its reward,
+    its hard constraint (None: free text) and its reasoning. ``read_arguments`` makes one."""
+
+    params: GenerationParams
+    reward: Reward | None
+    spec: ConstraintSpec | None
+    reasoning: Reasoning | None
+
+
+def read_arguments(*, schema: Any = None, regex: Any = None, choices: Any = None, grammar: Any = None,
+                   keywords: Any = None, reward: Any = None, tools: Any = None, tool_choice: Any = "auto",
+                   parallel_tool_calls: bool = True, tool_format: Any = None, reasoning: Any = None,
+                   params: GenerationParams | None = None, **overrides: Any) -> Arguments:
+    """Read and check everything of a ``generate`` call that needs no model: parameters, method name,
+    reward, tool definitions and choice, tool format name, the constraint (a regex, a Lark grammar and
+    a JSON Schema are parsed here) and reasoning. Raises the typed error the call would (the
+    ``CompileError`` subclasses, ``InvalidArgument``), so a bad spec fails before a model loads."""
+    chosen = GenerationParams.of(params, **overrides)
+    with named_errors("method"):
+        Method.parse(chosen.method)
+    with named_errors("keywords" if keywords is not None else "reward"):
+        steer = reward_for(keywords, reward)
+    if tool_format not in (None, "auto") and not isinstance(tool_format, ToolFormat):
+        resolve_format(tool_format)
+    with named_errors("tools", "tool_choice"):
+        tool_request(tools, tool_choice, parallel_tool_calls)
+    spec = answer_spec(schema=schema, regex=regex, choices=choices, grammar=grammar)
+    with named_errors("reasoning"):
+        thinking = Reasoning.of(reasoning)
+    return Arguments(chosen, steer, spec, thinking)
+
+
+def answer_spec(*, schema: Any, regex: Any, choices: Any, grammar: Any) -> ConstraintSpec | None:
+    """The hard constraint named by at most one of the arguments (None: free text)."""
+    one_constraint({"schema": schema, "regex": regex, "choices": choices, "grammar": grammar})
+    if schema is not None:
+        return as_spec(schema)
+    if regex is not None:
+        if isinstance(regex, Regex):
+            return regex
+        if not isinstance(regex, str):
+            raise ValueError(f"regex must be a string, got {type(regex).__name__}")
+        return Regex(regex)
+    if choices is not None:
+        if isinstance(choices, Choice):
+            return choices
+        if isinstance(choices, (str, bytes)) or not isinstance(choices, Sequence) \
+                or not all(isinstance(c, str) for c in choices):
+            raise ValueError("choices must be a list of strings")
+        return Choice(choices)
+    if grammar is not None:
+        if isinstance(grammar, Grammar):
+            return grammar
+        if not isinstance(grammar, (str, Path)):
+            raise ValueError("grammar must be Lark text, a .lark path or a shipped grammar's name")
+        return Grammar(grammar)
+    return None
+
+
+def reward_for(keywords: Any, reward: Any) -> Reward | None:
+    rewards: list[Reward] = []
+    if keywords is not None:
+        if isinstance(keywords, (str, bytes)) or not all(isinstance(w, str) for w in keywords) or not keywords:
+            raise ValueError("keywords must be a non-empty list of words")
+        rewards.append(KeywordCoverage(keywords, max_repeats=KEYWORD_MAX_REPEATS))
+    if reward is not None:
+        if not callable(reward):
+            raise ValueError("reward must be a Reward or a function fn(text, final) -> float")
+        rewards.append(as_reward(reward))
+    if not rewards:
+        return None
+    return rewards[0] if len(rewards) == 1 else WeightedMean(rewards)
+
+
+def split_batch(prompt: Any) -> tuple[list[Any], bool]:
+    """(prompts, is_batch): a string or a message list is one prompt; a list of them a batch."""
+    if isinstance(prompt, str):
+        return [prompt], False
+    if not isinstance(prompt, Sequence) or not prompt:
+        raise ValueError("prompt must be a string, a non-empty list of messages, or a list of prompts")
+    if all(isinstance(p, dict) for p in prompt):
+        return [prompt], False
+    if all(isinstance(p, str) for p in prompt) or all(isinstance(p, (list, tuple)) for p in prompt):
+        return list(prompt), True
+    raise ValueError("a list prompt must hold only messages (dicts), only strings, or only message lists")
+
+
+def deprecated_shape(prompt: Any, stream: bool) -> str | None:
+    """The deprecation message for a ``generate`` call in one of the old shapes (None: the new one)."""
+    if stream:
+        return ("generate(..., stream=True) is deprecated; use stream(prompt, ...), a TextStream that yields the "
+                "text deltas and holds the Result in .result")
+    try:
+        batch = split_batch(prompt)[1]
+    except ValueError:  # a bad prompt: generate() says so
+        return None
+    return ("generate(list_of_prompts) is deprecated; use generate_batch(prompts, ...), which always returns "
+            "a list of Results") if batch else None
+
+
+@contextmanager
+def named_errors(param: str, named_first: str | None = None) -> Iterator[None]:
+    """Re-raise a plain ``ValueError`` from the block as ``InvalidArgument`` naming ``param`` (or
+    ``named_first`` when the message starts with that name)."""
+    try:
+        yield
+    except (InvalidArgument, CdslError):
+        raise
+    except ValueError as exc:
+        name = named_first if named_first and str(exc).startswith(named_first) else param
+        raise InvalidArgument(str(exc), param=name) from exc
