@@ -16,6 +16,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # batched rows equal to solo ones) hold bit for bit in float32 only, since bfloat16 rounds
 # differently by batch shape (as on GPUs). tests/models/test_bf16_default.py covers the default.
 os.environ["CDSL_CPU_BF16"] = "0"
+# compiled engine programs are kept on disk between processes (constraints.disk_cache); the suite keeps
+# them in a folder of its own run, so no test reads a program an earlier run (or the user) stored
+if "CDSL_STRUCT_PROGRAM_CACHE" not in os.environ:
+    import tempfile
+
+    os.environ["CDSL_STRUCT_PROGRAM_CACHE"] = tempfile.mkdtemp(prefix="cdsl-test-programs-")
 
 
 FILE_SECONDS = Path(__file__).with_name("file_seconds.json")

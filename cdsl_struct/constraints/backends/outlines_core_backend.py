@@ -8,7 +8,8 @@ else is an ``UnsupportedFeature``.
 
 Building the ``Index`` has no limit of its own, so a compile with a timeout builds it in a
 worker process that is killed when the timeout passes (``outlines_core_process``); without a
-timeout it is built in the calling thread. The engine's ``ValueError`` / ``RuntimeError`` for a
+timeout it is built in the calling thread. Built indexes are kept on disk (``disk_cache``), so a
+restarted process reads the index instead of building it again. The engine's ``ValueError`` / ``RuntimeError`` for a
 regex or schema it cannot handle become typed ``CompileError`` subclasses here; anything else is
 a bug and propagates as itself.
 """
@@ -23,6 +24,7 @@ import threading
 import outlines_core
 
 from ...errors import CompileError, GrammarSyntaxError, UnsupportedFeature
+from ..disk_cache import program_cache
 from ..specs import Choice, ConstraintSpec, Grammar, JsonSchema, Regex
 from ..state import ConstraintState
 from ..vocabulary import TokenVocabulary
@@ -145,6 +147,11 @@ class OutlinesCoreBackend(Backend):
         # continue past a state where the text is already a full match are dropped
         # (after "1", the "." of "1.5" would be unreachable for a number).
         regex = f"(?:{_regex_for(spec, whitespace)})\\z"
+        stored = program_cache(NAME)
+        key = stored.key(regex, vocabulary.fingerprint)
+        index = stored.load(key)
+        if index is not None:
+            return OutlinesProgram(index, vocabulary)
         oc_vocabulary = vocabulary.engine_object(NAME, _oc_vocabulary)
         try:
             if timeout is None:
@@ -153,6 +160,7 @@ class OutlinesCoreBackend(Backend):
                 index = WORKERS.build_index(regex, vocabulary, oc_vocabulary, timeout)
         except (ValueError, RuntimeError, EngineRejected) as exc:
             raise _index_error(str(exc), spec) from None
+        stored.store(key, index)
         return OutlinesProgram(index, vocabulary)
 
 
