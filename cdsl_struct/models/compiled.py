@@ -30,7 +30,10 @@ is run again eagerly (it rewrites the same cache positions), so no request sees 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 import sysconfig
 import time
 from pathlib import Path
@@ -39,6 +42,7 @@ from typing import Any
 import torch
 
 from ..options import COMPILE_MODES
+from .attention import ragged_step as _step
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +102,12 @@ def identity_guards_only(entries: list[Any]) -> list[bool]:
 class CompiledForward:
     """A model's forward compiled for ragged steps, with an eager fallback.
 
+    Until ``seal`` (``warm`` seals once the shapes a server meets are compiled), a call whose shapes
+    no graph fits compiles one. Sealed, it never compiles: such a call runs the model eagerly
+    (dynamo's run-only mode: the graphs compiled so far, else the plain forward, same results), so no
+    request waits minutes for a compile on its path; ``misses`` counts those calls by (tokens fed,
+    positions kept), and ``remember_shapes`` keeps them for the next start's warm-up.
+
     ``__call__`` returns the model's output, or None when the compiled path failed (now or
     before): the caller then runs the step eagerly. ``failure`` holds the first error."""
 
@@ -108,15 +118,30 @@ class CompiledForward:
         filters = hasattr(torch.compiler, "skip_guard_on_all_nn_modules_unsafe")
         self.compiled = torch.compile(model, dynamic=True,
                                       options={"guard_filter_fn": identity_guards_only} if filters else None)
+        self.serving: Any = None
+        """The run-only forward once sealed (``torch._dynamo.run``: the compiled graphs, never a new one)."""
         self.failure: BaseException | None = None
         self.warm_seconds = 0.0
         self.steps = 0
         """Steps run compiled."""
+        self.misses: dict[tuple[int, int], int] = {}
+        """Sealed steps no compiled graph fitted (run eagerly), by (tokens fed, positions kept)."""
 
     @property
     def active(self) -> bool:
         """Whether steps still run compiled."""
         return self.failure is None
+
+    @property
+    def sealed(self) -> bool:
+        """Whether calls only run graphs compiled already (``seal``)."""
+        return self.serving is not None
+
+    def seal(self) -> None:
+        """From now on never compile: a call no compiled graph fits runs eagerly and counts as a miss."""
+        import torch._dynamo
+
+        self.serving = torch._dynamo.run(self.model)
 
     def __call__(self, **inputs: Any) -> Any:
         if self.failure is not None:
@@ -124,8 +149,16 @@ class CompiledForward:
         import torch._inductor.config as inductor_config
 
         try:
-            with inductor_config.patch(INDUCTOR_CONFIG):
-                out = self.compiled(**inputs)
+            if self.serving is not None:
+                _step.ran_eagerly = False
+                out = self.serving(**inputs)
+                if _step.ran_eagerly:
+                    shape = (int(inputs["input_ids"].shape[-1]), _kept(inputs.get("logits_to_keep")))
+                    self.misses[shape] = self.misses.get(shape, 0) + 1
+                    return out
+            else:
+                with inductor_config.patch(INDUCTOR_CONFIG):
+                    out = self.compiled(**inputs)
             self.steps += 1
             return out
         except Exception as exc:  # noqa: BLE001 - any compiler or kernel error: the eager path answers
@@ -135,9 +168,52 @@ class CompiledForward:
             return None
 
 
-def warm(runner: Any, length: int = 40) -> float:
+def _kept(logits_to_keep: Any) -> int:
+    """How many positions a step keeps (``logits_to_keep``: a tensor of positions, or a count)."""
+    return int(logits_to_keep.numel()) if isinstance(logits_to_keep, torch.Tensor) else int(logits_to_keep or 0)
+
+
+SHAPES_FILE = "shapes-{}.json"
+"""Under ``cache_dir("compiled")``: the (tokens fed, positions kept) a model's sealed forward missed."""
+
+
+def _shapes_path(model: Any) -> Path:
+    from ..paths import cache_dir
+
+    config = getattr(model, "config", None)
+    described = config.to_json_string() if hasattr(config, "to_json_string") else repr(type(model))
+    dtype = str(next(iter(model.parameters())).dtype) if hasattr(model, "parameters") else ""
+    key = hashlib.sha256(f"{described}|{dtype}|{torch.__version__}".encode()).hexdigest()[:16]
+    return cache_dir("compiled") / SHAPES_FILE.format(key)
+
+
+def remembered_shapes(model: Any) -> list[tuple[int, int]]:
+    """The (tokens fed, positions kept) an earlier process's sealed forward of this model missed."""
+    try:
+        shapes = json.loads(_shapes_path(model).read_text())
+        return [(int(fed), int(kept)) for fed, kept in shapes if 0 < kept <= fed]
+    except (OSError, ValueError, TypeError):
+        return []
+
+
+def remember_shapes(compiled: CompiledForward) -> None:
+    """Add ``compiled``'s misses to the shapes its model's next warm-up compiles (written atomically)."""
+    if not compiled.misses:
+        return
+    path = _shapes_path(compiled.model)
+    shapes = sorted(set(remembered_shapes(compiled.model)) | set(compiled.misses))
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.part")
+    try:
+        temporary.write_text(json.dumps(shapes))
+        os.replace(temporary, path)
+    except OSError as exc:
+        log.warning("could not remember the compiled forward's shapes in %s (%s)", path, exc)
+
+
+def warm(runner: Any, length: int = 40, shapes: list[tuple[int, int]] | None = None) -> float:
     """Compile ``runner``'s forward for the shapes a server meets, on throw-away rows: a prompt,
-    one row of one token, several rows, several kept positions (speculation). Seconds it took."""
+    one row of one token, several rows, several kept positions (speculation), and ``shapes`` (tokens
+    fed, positions kept: by default those an earlier process missed); then seal it. Seconds it took."""
     from .batch import Feed
 
     started = time.perf_counter()
@@ -150,9 +226,16 @@ def warm(runner: Any, length: int = 40) -> float:
         runner.run([Feed(row, runner.held(row) + prompt[:2], 2) for row in rows])  # several rows, kept
     finally:
         runner.release(*rows)
+    for fed, kept in remembered_shapes(runner.model) if shapes is None else shapes:
+        tokens = [(5 * i + 1) % runner.vocab_size for i in range(fed)]
+        try:
+            runner.run([Feed(("cdsl-warm", "shape"), tokens, kept)])
+        finally:
+            runner.release(("cdsl-warm", "shape"))
     seconds = time.perf_counter() - started
     if runner.compiled is not None:
         runner.compiled.warm_seconds = seconds
+        runner.compiled.seal()
     return seconds
 
 

@@ -160,6 +160,8 @@ def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.
                                 **kwargs)
     if dropout or kwargs.get("softcap") or getattr(module, "sinks", None) is not None:
         raise CdslError("ragged attention does not do dropout, soft-capping or attention sinks")
+    if not torch.compiler.is_dynamo_compiling() and getattr(_step, "cache", None) is not None:
+        _step.ran_eagerly = True  # a compiled step that no graph fitted (``CompiledForward.misses``)
     if compiling:  # the cache write and the attention, opaque to the compiler
         scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
         return ragged_attend(query, key, value, module.layer_idx, scale), None

@@ -159,3 +159,42 @@ def test_auto_compiles_a_ragged_cpu_runner_only_where_a_cxx_is_found(model, capl
     assert not compile_for(runner, "off") and runner.compiled is None
     out = runner.run([Feed("a", [1, 2, 3], 1)])
     assert close(out[0], solo(model, [1, 2, 3]))
+
+
+def test_a_sealed_forward_never_compiles_on_a_step_it_has_no_graph_for(monkeypatch, tmp_path):
+    """Sealed (after ``warm``), a step no compiled graph fits runs eagerly, with the eager results,
+    and is remembered: the next process's warm-up compiles its shape."""
+    from torch._dynamo.utils import counters
+
+    from cdsl_struct.models.compiled import remember_shapes, remembered_shapes
+
+    monkeypatch.setenv("CDSL_STRUCT_CACHE", str(tmp_path))
+    model = tiny_llama()
+    runner = RaggedRunner(model, prefix_cache_bytes=0)
+    runner.compile(warm_up=False)
+    runner.compiled.seal()  # nothing compiled yet: every shape misses
+    graphs = counters["stats"]["unique_graphs"]
+    seq = [1, 2, 3, 4, 5, 6]
+    out = runner.run([Feed("a", seq, 2)])
+    assert close(out[0], solo(model, seq, keep=2))
+    assert counters["stats"]["unique_graphs"] == graphs  # no graph was compiled on the step's path
+    assert runner.compiled.misses == {(6, 2): 1} and runner.compiled.steps == 0 and runner.compiled.active
+    remember_shapes(runner.compiled)
+    assert remembered_shapes(model) == [(6, 2)]
+    runner.release("a")
+
+
+def test_warm_compiles_the_remembered_shapes_and_seals(monkeypatch, tmp_path, model, compiled_runner):
+    seen = []
+    monkeypatch.setattr("cdsl_struct.models.compiled.remembered_shapes", lambda m: [(7, 3)])
+    original = compiled_runner.run
+    monkeypatch.setattr(compiled_runner, "run", lambda feeds: seen.append([(len(f.sequence), f.keep) for f in feeds])
+                        or original(feeds))
+    from cdsl_struct.models.compiled import warm
+
+    warm(compiled_runner)
+    assert seen[-1] == [(7, 3)] and compiled_runner.compiled.sealed and compiled_runner.rows == 0
+    steps = compiled_runner.compiled.steps
+    out = original([Feed("s", [2] * 7, 3)])  # the remembered shape runs compiled
+    assert compiled_runner.compiled.steps == steps + 1 and close(out[0], solo(model, [2] * 7, keep=3))
+    compiled_runner.release("s")
