@@ -41,8 +41,9 @@ COMPILE_MODES = ("auto", "on", "off")
 """``torch_compile`` settings (``models.compiled``): ``"auto"`` compiles where it is measured to pay (a
 ragged runner on the CPU with a C++ compiler), ``"on"`` tries wherever it can, ``"off"`` stays eager."""
 SERVE_TORCH_COMPILE = "auto"
-"""``cdsl-struct serve``'s ``--torch-compile``: a server starts once and runs long, so it pays the
-minutes of compiling for 1.2x the eager rate; ``Generator`` and the other commands default to off."""
+"""``cdsl-struct serve``'s ``--torch-compile``: a server runs long, so it compiles for 1.2x the eager rate,
+in a second process while it answers eagerly (``server.handoff``); ``Generator`` and the other commands
+default to off (there the compile runs before the first answer)."""
 DEFAULT_WHITESPACE = "flexible"
 """The JSON whitespace of every entry point that is not told otherwise: ``compile()``, ``Generator``,
 ``generate()``, tools, the server, ``cdsl-struct generate`` and ``cdsl-struct batch`` (and through
@@ -78,6 +79,6 @@ def add_torch_compile_option(parser: Any, default: str) -> None:
     parser.add_argument("--torch-compile", nargs="?", const="on", default=default, choices=COMPILE_MODES,
                         help="run the batched forward through torch.compile (inductor): auto (on the CPU where a "
                              "C++ compiler is found), on (a bare --torch-compile: wherever it can), off "
-                             f"(default {default}). Compiling adds ~2.5 min to the start on two cores; on a 2-core "
-                             "CPU the server then runs 1.2x its eager rate (BENCHMARKS.md). Where it fails, "
-                             "decoding runs eagerly with a warning")
+                             f"(default {default}). Compiling takes minutes on two cores: serve answers eagerly "
+                             "meanwhile and a second process compiles, then takes the requests; batch compiles "
+                             "before it starts. Where it fails, decoding runs eagerly with a warning")

@@ -57,9 +57,10 @@ def batch_runner(model: Any, pad_token_id: int = 0, **kwargs: Any) -> RaggedRunn
     return runner
 
 
-def check_ragged(model: Any) -> str | None:
-    """Run the ragged runner's self-check on ``model``: None when it agrees with the model's own
-    forward, else what went wrong (an error, or the first position that differs)."""
+def check_ragged(model: Any, compiled: Any = None) -> str | None:
+    """Run the ragged runner's self-check on ``model`` (its steps through ``compiled``, a
+    ``CompiledForward``, when given): None when it agrees with the model's own forward, else what went
+    wrong (an error, or the first position that differs)."""
     vocab = int(model.get_output_embeddings().weight.shape[0])
     a, b, c = ([(step * i + 3) % vocab for i in range(length)] for step, length in ((7, 20), (5, 4), (3, 9)))
     more = [(11 * i + 2) % vocab for i in range(GROUPED_QUERIES + 2)]
@@ -70,6 +71,7 @@ def check_ragged(model: Any) -> str | None:
     ]
     try:
         runner = RaggedRunner(model, prefix_cache_bytes=0)
+        runner.compiled = compiled
         dtype = next(model.parameters()).dtype
         # each row's feeds are prefixes of its last one: one reference forward a row covers them all
         references = {feed.row: _reference(model, feed.sequence) for feed in steps[-1]}

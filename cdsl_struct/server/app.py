@@ -35,6 +35,7 @@ from ..tools.formats import FORMATS
 from . import responses
 from .auth import API_KEY_ENV, ApiKeyAuth
 from .errors import APIError, from_exception, install_handlers
+from .handoff import HandoffRouter
 from .limits import BodySizeLimit
 from .metrics import Metrics, StatusCounter
 from .protocol import ChatCompletionRequest, CompletionRequest, GenerateCall, ServerLimits
@@ -283,10 +284,12 @@ class _Service:
         self.worker.shutdown()
 
 
-def create_app(generator: Any, config: ServerConfig | None = None, **options: Any) -> FastAPI:
+def create_app(generator: Any, config: ServerConfig | None = None, *, handoff: Any = None,
+               **options: Any) -> FastAPI:
     """An OpenAI-compatible app serving ``generator`` (a ``cdsl_struct.api.Generator``).
 
-    ``config`` (or its fields as keyword arguments): see ``ServerConfig``.
+    ``config`` (or its fields as keyword arguments): see ``ServerConfig``. ``handoff``: a started
+    ``handoff.CompiledHandoff``, whose process answers the completion requests once it is ready.
     """
     config = config or ServerConfig(**options)
     service = _Service(generator, config)
@@ -295,10 +298,14 @@ def create_app(generator: Any, config: ServerConfig | None = None, **options: An
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
         service.shutdown()
+        if handoff is not None:
+            await handoff.aclose()
 
     app = FastAPI(title="cdsl_struct", description="OpenAI-compatible structured generation", lifespan=lifespan)
     app.state.service = service
     install_handlers(app)
+    if handoff is not None:  # inside the body limit and the key check: the child trusts what reaches it
+        app.add_middleware(HandoffRouter, handoff=handoff)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_request_bytes, timeout=config.request_timeout)
     if config.api_key:
         app.add_middleware(ApiKeyAuth, api_key=config.api_key)
@@ -306,13 +313,24 @@ def create_app(generator: Any, config: ServerConfig | None = None, **options: An
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        """Liveness, the served model, and how many requests are running or waiting."""
-        return {"status": "ok", "model": service.model, "active_requests": service.worker.active}
+        """Liveness, the served model, how many requests are running or waiting here, and which
+        forward answers (``forward``: ``answers`` is ``eager`` or ``compiled``; with a compiling
+        process, its ``phase``, seconds and, where it failed, the reason)."""
+        load = getattr(generator, "load", None)
+        forward = handoff.describe() if handoff is not None else \
+            {"answers": "compiled" if load is not None and load().compiled_active else "eager", "phase": None}
+        return {"status": "ok", "model": service.model, "active_requests": service.worker.active,
+                "forward": forward}
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        """Prometheus metrics."""
-        return Response(service.metrics.exposition(), media_type=service.metrics.content_type)
+        """Prometheus metrics (once a compiled process answers the requests, its metrics, with the handoff's)."""
+        if handoff is None:
+            return Response(service.metrics.exposition(), media_type=service.metrics.content_type)
+        body = await handoff.metrics()
+        if not handoff.ready:
+            body = service.metrics.exposition() + body
+        return Response(body, media_type=service.metrics.content_type)
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
@@ -361,30 +379,47 @@ def serve(host: str = "127.0.0.1", port: int = 8000, model: str = "smollm2", dra
           device: Any = "auto", dtype: Any = "auto", max_batch_size: int = 32, extra_properties: bool = False,
           max_prompt_tokens: int | None = None, torch_compile: bool | str = SERVE_TORCH_COMPILE,
           tool_format: str = "auto", **options: Any) -> None:
-    """Load ``model`` (with ``draft``) once on ``device`` and serve it on ``host:port`` until interrupted
-    (``torch_compile``: ``Generator``'s option, ``"auto"`` here: the batched forward compiles before the
-    server listens where that is measured to pay; ``tool_format``: ``Generator``'s option too).
+    """Load ``model`` (with ``draft``) once on ``device`` and serve it on ``host:port`` until interrupted.
 
-    ``options``: ``ServerConfig`` fields; ``api_key`` defaults to the ``CDSL_STRUCT_API_KEY``
+    It answers as soon as the model is loaded, on the eager forward. ``torch_compile`` (``"auto"`` here:
+    where compiling is measured to pay, ``models.compiled.why_not_compiled``; ``"on"``: wherever it
+    compiles; ``"off"``): a second process compiles the forward meanwhile and takes every new request
+    once it is ready (``handoff``), so no request waits for a compile. ``tool_format``: ``Generator``'s
+    option. ``options``: ``ServerConfig`` fields; ``api_key`` defaults to the ``CDSL_STRUCT_API_KEY``
     environment variable.
     """
     import uvicorn
 
     from ..api import Generator
+    from ..models.compiled import compile_mode, why_not_compiled
+    from .compiled_child import child_options
+    from .handoff import CompiledHandoff
 
     options.setdefault("api_key", os.environ.get(API_KEY_ENV) or None)
     config = ServerConfig(**options)
-    generator = Generator(model, draft=draft, backend=backend, whitespace=whitespace, loop_guard=loop_guard,
-                          compile_timeout=compile_timeout, device=device, dtype=dtype, max_batch_size=max_batch_size,
-                          extra_properties=extra_properties, max_prompt_tokens=max_prompt_tokens,
-                          torch_compile=torch_compile, tool_format=tool_format)
+    mode = compile_mode(torch_compile)
+    generator_options = {"model": model, "draft": draft, "backend": backend, "whitespace": whitespace,
+                         "loop_guard": loop_guard, "compile_timeout": compile_timeout, "device": device,
+                         "dtype": dtype, "max_batch_size": max_batch_size, "extra_properties": extra_properties,
+                         "max_prompt_tokens": max_prompt_tokens, "tool_format": tool_format}
+    generator = Generator(**generator_options, torch_compile="off")
     load = generator.load()
     runner = "ragged runner" if load.ragged_runner else "padded runner"
     if load.runner_fallback:
         runner += f" (the ragged one failed its self-check: {load.runner_fallback})"
-    print(f"forward: {'torch.compile' if load.compiled_active else 'eager'} (torch_compile {torch_compile}), "
-          f"{runner}", file=sys.stderr, flush=True)
+    handoff = None
+    reason = None if mode == "on" else why_not_compiled(generator.engine.runner) if mode == "auto" else "off"
+    if reason is None and isinstance(model, str):
+        handoff = CompiledHandoff(child_options(generator_options, config))
+        handoff.start()
+    plan = f"torch_compile {mode}: " + ("compiling in a second process; it takes the requests once ready"
+                                        if handoff is not None else f"stays eager ({reason})")
+    print(f"forward: eager, {runner}; {plan}", file=sys.stderr, flush=True)
     freeze_loaded_objects()
-    app = create_app(generator, config)
-    uvicorn.run(app, host=host, port=port, log_level=log_level,
-                timeout_graceful_shutdown=max(1, int(config.shutdown_grace)))
+    app = create_app(generator, config, handoff=handoff)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level=log_level,
+                    timeout_graceful_shutdown=max(1, int(config.shutdown_grace)))
+    finally:
+        if handoff is not None:
+            handoff.stop(config.shutdown_grace)

@@ -109,7 +109,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     bound_malloc_arenas()
     compiling = "" if args.torch_compile == "off" else \
-        f"; torch.compile {args.torch_compile}: minutes where it compiles, --torch-compile off to skip"
+        f"; torch.compile {args.torch_compile}: a second process compiles while this one answers eagerly"
     print(f"loading {args.model} (draft {args.draft}{compiling}) ...", file=sys.stderr, flush=True)
     limits = ServerLimits(max_tokens=args.max_tokens_limit, max_n=args.max_n,
                           max_constraint_bytes=args.max_constraint_bytes, max_schema_depth=args.max_schema_depth,

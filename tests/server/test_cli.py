@@ -42,7 +42,7 @@ def test_serve_freezes_what_loading_made_before_it_listens(monkeypatch):
             return SimpleNamespace(compiled_active=False, ragged_runner=True, runner_fallback=None)
 
     monkeypatch.setattr("cdsl_struct.api.Generator", LoadedGenerator)
-    monkeypatch.setattr(app, "create_app", lambda generator, config: generator)
+    monkeypatch.setattr(app, "create_app", lambda generator, config, **kwargs: generator)
     monkeypatch.setattr("uvicorn.run", lambda *args, **kwargs: events.append(("listen", gc.get_freeze_count())))
     try:
         app.serve(port=0, torch_compile="off")
