@@ -22,6 +22,8 @@ HARNESSES: dict[str, tuple[str, str]] = {
     "profile": ("benchmarks.serve_profile", "torch.profiler table of a serve-bench case run in-process"),
     "soak": ("benchmarks.soak", "many clients for many minutes mixing well-formed, hostile and disconnecting "
                                 "requests: exactly-once answers, no 5xx, flat memory"),
+    "startup": ("benchmarks.startup", "how soon serve answers (/v1/models, the first json_schema request) and how "
+                                      "fast later: eager while a second process compiles, then compiled"),
     "serve": ("benchmarks.serve_compare",
               "cdsl-struct bench serve, and with --against another OpenAI-compatible server side by side"),
     "throughput": ("benchmarks.throughput_baselines",

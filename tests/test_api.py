@@ -351,8 +351,7 @@ def test_undeclared_keys_are_not_generated_unless_allowed(gen, smollm2):
     assert strict.new_state().validate(extra) < len(extra) and free.new_state().validate(extra) == len(extra)
     # generate() compiles through cs.compile's rule: the same constraint as compile(Person, tokenizer)
     schema_a = {"type": "object", "properties": {"a": {"type": "integer"}}}
-    call = gen._resolve(cs.GenerationParams(), schema=schema_a, regex=None, choices=None, grammar=None, keywords=None,
-                        reward=None, tools=None, tool_choice="auto", parallel_tool_calls=True)
+    call, _, _ = gen._prepare("Say something.", schema=schema_a)
     assert call.compiled is cs.compile(schema_a, gen.vocabulary) is strict
     assert call.compiled.spec.schema["additionalProperties"] is False
 

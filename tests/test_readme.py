@@ -113,15 +113,6 @@ class Case:
     """Names the snippet leaves to its reader, made from the loaded embedded model."""
 
 
-def get_weather(city: str) -> str:
-    """Get the current weather in a city.
-
-    Args:
-        city: The city's name.
-    """
-    return f"Sunny in {city}"
-
-
 def check_generate(ns: dict[str, Any], values: Values) -> None:
     import cdsl_struct as cs
 
@@ -234,8 +225,7 @@ def check_outlines(ns: dict[str, Any], values: Values) -> None:
 
 
 CASES = [
-    Case('grammar="arithmetic"', check_generate,
-         lambda lm: {"get_weather": get_weather}),
+    Case('grammar="arithmetic"', check_generate),
     Case("state.fill_mask(row)", check_constraint_api, given_constraint_api),
     Case("decode(target, compiled, prompt", check_decoding, given_decoding),
     Case("engine = BatchEngine(", check_engine, given_engine),

@@ -392,8 +392,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000, model: str = "smollm2", dra
 
     from ..api import Generator
     from ..models.compiled import compile_mode, why_not_compiled
-    from .compiled_child import child_options
-    from .handoff import CompiledHandoff
+    from .handoff import CompiledHandoff, child_options
 
     options.setdefault("api_key", os.environ.get(API_KEY_ENV) or None)
     config = ServerConfig(**options)

@@ -2,7 +2,7 @@
 against the model's own forward, then serve the same app on a Unix socket.
 
 Run as ``python -m cdsl_struct.server.compiled_child SPEC``, SPEC a JSON object ``{"socket": path,
-"options": {...}}`` (``child_options``). Progress goes to stdout as one JSON object a line:
+"options": {...}}`` (``handoff.child_options``). Progress goes to stdout as one JSON object a line:
 ``{"phase": "loading"}``, ``{"phase": "compiling"}``, ``{"phase": "compiled", "seconds": s}`` or
 ``{"phase": "failed", "reason": "..."}``. On exit it remembers the shapes its sealed forward missed,
 for the next start's warm-up (``models.compiled.remember_shapes``).
@@ -13,23 +13,9 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import asdict
 from typing import Any
 
 from .protocol import ServerLimits
-
-#: ``serve``'s arguments the child takes as they are (the Generator's; the rest are ``ServerConfig``'s)
-GENERATOR_OPTIONS = ("model", "draft", "backend", "whitespace", "loop_guard", "compile_timeout", "device", "dtype",
-                     "max_batch_size", "extra_properties", "max_prompt_tokens", "tool_format")
-
-
-def child_options(generator_options: dict[str, Any], config: Any) -> dict[str, Any]:
-    """The JSON-able options of the child for a server of ``generator_options`` and ``config`` (a
-    ``ServerConfig``; its API key stays here: the parent checks it, and only this user reaches the socket)."""
-    server = asdict(config)
-    server.pop("api_key", None)
-    return {"generator": {k: generator_options[k] for k in GENERATOR_OPTIONS if k in generator_options},
-            "server": server}
 
 
 def report(phase: str, **fields: Any) -> None:

@@ -33,7 +33,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,20 @@ PROXIED_PATHS = ("/v1/chat/completions", "/v1/completions")
 _DROPPED_HEADERS = {b"host", b"connection", b"keep-alive", b"transfer-encoding", b"authorization", b"upgrade",
                     b"content-length"}
 _DROPPED_RESPONSE_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "date", "server"}
+
+
+#: ``serve``'s arguments the child takes as they are (the Generator's; the rest are ``ServerConfig``'s)
+GENERATOR_OPTIONS = ("model", "draft", "backend", "whitespace", "loop_guard", "compile_timeout", "device", "dtype",
+                     "max_batch_size", "extra_properties", "max_prompt_tokens", "tool_format")
+
+
+def child_options(generator_options: dict[str, Any], config: Any) -> dict[str, Any]:
+    """The JSON-able options of the child for a server of ``generator_options`` and ``config`` (a
+    ``ServerConfig``; its API key stays here: the parent checks it, and only this user reaches the socket)."""
+    server = asdict(config)
+    server.pop("api_key", None)
+    return {"generator": {k: generator_options[k] for k in GENERATOR_OPTIONS if k in generator_options},
+            "server": server}
 
 
 @dataclass

@@ -163,7 +163,7 @@ def test_the_real_child_compiles_and_answers_as_the_eager_server(tmp_path_factor
     and takes the requests; its greedy answers (float32) equal this process's eager ones."""
     from cdsl_struct.api import Generator
     from cdsl_struct.server.app import ServerConfig
-    from cdsl_struct.server.compiled_child import child_options
+    from cdsl_struct.server.handoff import child_options
     from tests.models.solo import save_tiny_llama
 
     folder = save_tiny_llama(tmp_path_factory.mktemp("tiny-handoff"), seed=2, heads=4, kv_heads=2)
