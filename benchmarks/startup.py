@@ -4,7 +4,8 @@ Starts the server in a child process, once per ``--start`` (``auto`` for its def
 ``--torch-compile`` value; a start named twice runs twice, the second finding what the first left in
 the caches), and times: ``/v1/models`` answering, the first strict ``json_schema`` request (invent a
 person: name, age, city; 60 tokens, greedy), then one such request at a time, a second apart, for
-``--minutes`` or until ``--after-compiled`` requests were answered by the compiled forward. Each
+``--minutes`` or until ``--after-compiled`` requests were answered by the compiled forward (an ``off``
+start: ``OFF_REQUESTS`` requests). Each
 request is labelled by the forward that answered it (``/health``'s ``forward.answers`` before and
 after it; a request during the switch counts as eager). Reported per start: those times, when the
 compiled forward took over, the median and slowest eager request, the median compiled one, and the
@@ -29,6 +30,10 @@ from cdsl_struct.bench import write_report
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
                                            "city": {"type": "string"}},
           "required": ["name", "age", "city"], "additionalProperties": False}
+
+
+OFF_REQUESTS = 20
+"""Requests an ``off`` start is timed for (it never compiles, so it has no handoff to wait for)."""
 
 
 def _free_port() -> int:
@@ -87,7 +92,8 @@ def time_start(mode: str, minutes: float, after_compiled: int, log_dir: str | No
                 answered = "compiled" if before == "compiled" and _answers(client) == "compiled" else "eager"
                 rows.append({"at": round(at, 1), "seconds": round(seconds, 3), "valid": valid, "answered": answered})
                 index += 1
-                if sum(r["answered"] == "compiled" for r in rows) >= after_compiled:
+                if sum(r["answered"] == "compiled" for r in rows) >= after_compiled or \
+                        (mode == "off" and len(rows) >= OFF_REQUESTS):
                     break
                 time.sleep(1.0)
             health = client.get("/health").json()

@@ -54,7 +54,7 @@ from .streaming import (
     ThoughtDeltas,
     legacy_stream,
 )
-from .tools import ToolCallsGrammar, tool_request
+from .tools import ToolCallsGrammar
 from .tools.formats import resolve_format
 
 FREE_TEXT = r"[\s\S]*"
@@ -124,10 +124,11 @@ class Generator:
     and speculative rows; CDLH and CDSL rows never write a block a third time in a row; it never
     loosens a constraint). ``torch_compile``: the batched target
     forward runs through ``torch.compile`` (``models.compiled``), compiled here before the
-    Generator returns (minutes on a small CPU): False / ``"off"`` (the default here, for a quick
-    start), True / ``"on"`` (where it cannot compile, a warning is logged and decoding runs
-    eagerly) or ``"auto"`` (``serve``'s default: compile on the CPU where inductor finds a C++
-    compiler, else eager). On a 2-core CPU its steps are 1.1-1.26x faster and the server one
+    Generator returns (minutes on a small CPU; a compile cannot run beside decoding in one process,
+    so ``serve`` does it in a second one: ``server.handoff``), then sealed: no later call compiles.
+    False / ``"off"`` (the default here, for a quick start), True / ``"on"`` (where it cannot
+    compile, a warning is logged and decoding runs eagerly) or ``"auto"`` (compile on the CPU where
+    inductor finds a C++ compiler, else eager). On a 2-core CPU its steps are 1.1-1.26x faster and the server one
     request at a time 1.2x (BENCHMARKS.md). ``tool_format``: how tool calls are written, ``"auto"``
     (the format of the model's chat template: ``tools.formats.detect_format``) or a name in
     ``tools.formats.FORMATS`` (``hermes``, ``llama3``, ``mistral``, ``gemma``, ``deepseek``, ``generic``).
@@ -362,10 +363,10 @@ class Generator:
                  parallel_tool_calls: bool = True, tool_format: Any = None, chat: bool = True,
                  compile_timeout: float | None = None, **arguments: Any) -> tuple[Call, list[list[int]], bool]:
         """A request resolved (constraint compiled) and its prompts encoded: (call, prompts' ids, is_batch)."""
+        written = self.tool_format if tool_format is None else resolve_format(tool_format, self.tokenizer)
         read = read_arguments(tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
-                              tool_format=tool_format, **arguments)
-        call = self._resolve(read, tools=tools, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls,
-                             tool_format=tool_format, compile_timeout=compile_timeout)
+                              tool_format=written, **arguments)
+        call = self._resolve(read, compile_timeout)
         prompts, batch = split_batch(prompt)
         thinking = call.reasoning is not None
         return call, [self._encode(p, chat, call.system, read.params.max_tokens, thinking) for p in prompts], batch
@@ -386,9 +387,8 @@ class Generator:
                                  zip(rows, encoded, strict=True)))
 
 
-    def _resolve(self, read: Arguments, *, tools: Any, tool_choice: Any, parallel_tool_calls: bool,
-                 tool_format: Any = None, compile_timeout: float | None = None) -> Call:
-        params, steer, spec = read.params, read.reward, read.spec
+    def _resolve(self, read: Arguments, compile_timeout: float | None = None) -> Call:
+        params, steer, spec, calls = read.params, read.reward, read.spec, read.tools
         sampling = SamplingParams(temperature=params.temperature, top_p=params.top_p, seed=params.seed)
         with named_errors("method"):
             chosen = self.choose_method(params.method, steer is not None)
@@ -399,9 +399,6 @@ class Generator:
             if params.penalised or params.logprobs is not None:
                 raise InvalidArgument(f"method {chosen.value!r} does not take penalties or logprobs",
                                       param="logprobs" if params.logprobs is not None else "presence_penalty")
-        written = self.tool_format if tool_format is None else resolve_format(tool_format, self.tokenizer)
-        with named_errors("tools", "tool_choice"):
-            calls = tool_request(tools, tool_choice, parallel_tool_calls, written)
         system = None
         if calls is not None:
             if spec is not None and not isinstance(spec, JsonSchema):

@@ -19,8 +19,8 @@ from .options import Method, one_constraint
 from .params import GenerationParams
 from .rewards import KeywordCoverage, Reward, WeightedMean
 from .rewards.base import as_reward
-from .tools import tool_request
-from .tools.formats import ToolFormat, resolve_format
+from .tools import ToolRequest, tool_request
+from .tools.formats import GENERIC, ToolFormat, resolve_format
 
 KEYWORD_MAX_REPEATS = 2
 """``keywords=``: each keyword may appear this often before repeats lower the reward (stuffing never scores)."""
@@ -30,11 +30,13 @@ KEYWORD_MAX_REPEATS = 2
 @dataclass(frozen=True)
 class Arguments:
     """What a ``generate`` call's arguments mean without a model: its decoding parameters, its reward,
-    its hard constraint (None: free text) and its reasoning. ``read_arguments`` makes one."""
+    its hard constraint (None: free text), its tools (None: no call can be made; written in the format
+    given, else the generic one) and its reasoning. ``read_arguments`` makes one."""
 
     params: GenerationParams
     reward: Reward | None
     spec: ConstraintSpec | None
+    tools: ToolRequest | None
     reasoning: Reasoning | None
 
 
@@ -43,7 +45,8 @@ def read_arguments(*, schema: Any = None, regex: Any = None, choices: Any = None
                    parallel_tool_calls: bool = True, tool_format: Any = None, reasoning: Any = None,
                    params: GenerationParams | None = None, **overrides: Any) -> Arguments:
     """Read and check everything of a ``generate`` call that needs no model: parameters, method name,
-    reward, tool definitions and choice, tool format name, the constraint (a regex, a Lark grammar and
+    reward, tool definitions and choice (``tool_format``: a ``ToolFormat`` or a name; else the generic
+    format), tool format name, the constraint (a regex, a Lark grammar and
     a JSON Schema are parsed here) and reasoning. Raises the typed error the call would (the
     ``CompileError`` subclasses, ``InvalidArgument``), so a bad spec fails before a model loads."""
     chosen = GenerationParams.of(params, **overrides)
@@ -51,14 +54,14 @@ def read_arguments(*, schema: Any = None, regex: Any = None, choices: Any = None
         Method.parse(chosen.method)
     with named_errors("keywords" if keywords is not None else "reward"):
         steer = reward_for(keywords, reward)
-    if tool_format not in (None, "auto") and not isinstance(tool_format, ToolFormat):
-        resolve_format(tool_format)
+    written = tool_format if isinstance(tool_format, ToolFormat) else \
+        GENERIC if tool_format in (None, "auto") else resolve_format(tool_format)
     with named_errors("tools", "tool_choice"):
-        tool_request(tools, tool_choice, parallel_tool_calls)
+        calls = tool_request(tools, tool_choice, parallel_tool_calls, written)
     spec = answer_spec(schema=schema, regex=regex, choices=choices, grammar=grammar)
     with named_errors("reasoning"):
         thinking = Reasoning.of(reasoning)
-    return Arguments(chosen, steer, spec, thinking)
+    return Arguments(chosen, steer, spec, calls, thinking)
 
 
 def answer_spec(*, schema: Any, regex: Any, choices: Any, grammar: Any) -> ConstraintSpec | None:

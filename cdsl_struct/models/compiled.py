@@ -18,14 +18,18 @@ Two settings took a one-row step from ~26 to ~22 ms more ("Fewer calls a step", 
 projections that share an input run as one matmul (``INDUCTOR_CONFIG``), and dynamo checks the
 weights' identities but not the type and attributes of every submodule (``identity_guards_only``).
 
-Costs: compiling takes minutes on a small CPU (``warm`` does it at start over the shapes a server
-meets, one token, a prompt, several rows, several kept positions: three graphs, ~140 s for
-SmolLM2 on two cores, every start: inductor's cache skips graphs holding prepacked oneDNN weights.
-Running a lone prompt through the several-kept graph saved a graph and 47 s of it, but served
-one request at a time 4-5% slower), inductor needs a C++ compiler, and the frozen graph
-keeps its own copy of the weights (changing the model's weights afterwards is not seen). Any
-failure to compile or run compiled logs a warning once and the runner goes on eagerly: the step
-is run again eagerly (it rewrites the same cache positions), so no request sees it.
+Costs: compiling takes minutes on a small CPU (``warm`` does it over the shapes a server meets, one
+token, a prompt, several rows, several kept positions, and the shapes an earlier process missed:
+three graphs or more, ~140 s for SmolLM2 in bf16 on two AVX-512 cores and ~6 min in float32 on two
+AVX2 cores, every start: inductor's cache skips graphs holding frozen weights), inductor needs a C++
+compiler, and the frozen graph keeps its own copy of the weights (changing the model's weights
+afterwards is not seen). Once warmed, the forward is sealed: a step no graph fits runs eagerly rather
+than compiling on a request's path (it had stalled one request 51.8 s), and is remembered for the
+next warm-up. Compiling must not run beside the engine's steps in one process (torch.fx patches
+``nn.Module.__call__`` for every thread while it traces, and the compiler holds the GIL for
+seconds), so ``serve`` compiles in a second process (``server.handoff``) and ``Generator`` before
+it returns. Any failure to compile or run compiled logs a warning once and the runner goes on
+eagerly: the step is run again eagerly (it rewrites the same cache positions), so no request sees it.
 """
 
 from __future__ import annotations

@@ -408,7 +408,9 @@ def serve(host: str = "127.0.0.1", port: int = 8000, model: str = "smollm2", dra
         runner += f" (the ragged one failed its self-check: {load.runner_fallback})"
     handoff = None
     reason = None if mode == "on" else why_not_compiled(generator.engine.runner) if mode == "auto" else "off"
-    if reason is None and isinstance(model, str):
+    if reason is None and not isinstance(model, str):
+        reason = "the model was given loaded; the compiling process loads a model by its name"
+    if reason is None:
         handoff = CompiledHandoff(child_options(generator_options, config))
         handoff.start()
     plan = f"torch_compile {mode}: " + ("compiling in a second process; it takes the requests once ready"

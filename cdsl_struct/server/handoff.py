@@ -39,7 +39,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-CHILD_NICENESS = 10
+CHILD_NICENESS = 19
 """How much lower the compiling child's CPU priority is than the server's (``os.nice``)."""
 READY_POLL_S = 0.5
 PROXIED_PATHS = ("/v1/chat/completions", "/v1/completions")
