@@ -3,7 +3,8 @@ against the model's own forward, then serve the same app on a Unix socket.
 
 Run as ``python -m cdsl_struct.server.compiled_child SPEC``, SPEC a JSON object ``{"socket": path,
 "options": {...}}`` (``handoff.child_options``). Progress goes to stdout as one JSON object a line:
-``{"phase": "loading"}``, ``{"phase": "compiling"}``, ``{"phase": "compiled", "seconds": s}`` or
+``{"phase": "loading"}``, ``{"phase": "compiling"}``, ``{"phase": "checking"}``, ``{"phase": "compiled",
+"seconds": s}`` (then it starts listening) or
 ``{"phase": "failed", "reason": "..."}``. On exit it remembers the shapes its sealed forward missed,
 for the next start's warm-up (``models.compiled.remember_shapes``).
 """
@@ -43,6 +44,7 @@ def run(socket: str, options: dict[str, Any]) -> int:
         failure = getattr(runner.compiled, "failure", None) if getattr(runner, "compiled", None) else None
         report("failed", reason=f"the forward did not compile: {failure or type(runner).__name__}")
         return 1
+    report("checking")
     problem = on_own_thread(lambda: check_ragged(runner.model, compiled=runner.compiled))
     if problem is not None:
         report("failed", reason=f"the compiled forward disagrees with the model's own: {problem}")

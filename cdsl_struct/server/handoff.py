@@ -66,7 +66,8 @@ def child_options(generator_options: dict[str, Any], config: Any) -> dict[str, A
 @dataclass
 class HandoffState:
     """Where the compiled forward stands: ``phase`` is ``starting``, ``loading``, ``compiling``,
-    ``checking``, ``ready`` (the child answers every new request), ``failed`` or ``stopped``."""
+    ``checking`` (against the model's own forward, then until the child answers on its socket),
+    ``ready`` (the child answers every new request), ``failed`` or ``stopped``."""
 
     phase: str = "starting"
     started: float = field(default_factory=time.monotonic)
