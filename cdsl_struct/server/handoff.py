@@ -46,7 +46,7 @@ PROXIED_PATHS = ("/v1/chat/completions", "/v1/completions")
 #: request headers not passed on to the child: hop-by-hop ones, and the credentials this process checked
 _DROPPED_HEADERS = {b"host", b"connection", b"keep-alive", b"transfer-encoding", b"authorization", b"upgrade",
                     b"content-length"}
-_DROPPED_RESPONSE_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "date", "server"}
+_DROPPED_RESPONSE_HEADERS = {"connection", "keep-alive", "transfer-encoding", "date", "server"}
 
 
 #: ``serve``'s arguments the child takes as they are (the Generator's; the rest are ``ServerConfig``'s)

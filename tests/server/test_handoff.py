@@ -69,7 +69,8 @@ async def app(scope, receive, send):
     else:
         answer = json.dumps({"answered_by": "child", "path": scope["path"], "body": json.loads(body or b"null"),
                              "authorization": headers.get("authorization")}).encode()
-    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]})
     await send({"type": "http.response.body", "body": answer})
 
 
@@ -118,7 +119,9 @@ def test_requests_are_answered_here_while_compiling_then_by_the_compiled_process
 
             go.touch()
             _wait(lambda: handoff.ready)
-            answer = _chat(url, "hello again").json()
+            response = _chat(url, "hello again")
+            assert response.headers.get("content-length") == str(len(response.content))  # framed as the child's
+            answer = response.json()
             assert answer["answered_by"] == "child" and answer["path"] == "/v1/chat/completions"
             assert answer["body"]["messages"][0]["content"] == "hello again"
             assert answer["authorization"] is None  # the key was checked here, not passed on
