@@ -42,7 +42,7 @@ from cdsl_struct.decoding import (
     SamplingParams,
 )
 from cdsl_struct.models import ModelRunner, batch_runner, load_model, self_draft
-from cdsl_struct.rewards import KeywordCoverage
+from cdsl_struct.rewards import KeywordCoverage, list_shaped
 
 from . import quality
 from .sentence import LOOSE_SENTENCE, WORD_LIST_SIZE, real_word_share, repeated_block, sentence_grammar
@@ -87,6 +87,9 @@ class CommonGenConfig:
     """0: CDSL accepts by greedy matching; > 0: by speculative sampling at this temperature
     (seeded per concept set), the target's own tokens sampled too."""
     model: str = "smollm2"
+    no_lists: bool = False
+    """The reward pays nothing for a list of the words (``KeywordCoverage(no_lists=True)``), as
+    ``generate(keywords=...)``'s does."""
 
     def __post_init__(self) -> None:
         if self.split not in SPLITS:
@@ -186,7 +189,7 @@ class CommonGenBench:
         for index, case in enumerate(tqdm.tqdm(self.cases, disable=not progress, unit="set")):
             concepts = case["concepts"]
             words = [c.split("_")[0] for c in concepts]
-            reward = KeywordCoverage(concepts, max_repeats=config.max_repeats)
+            reward = KeywordCoverage(concepts, max_repeats=config.max_repeats, no_lists=config.no_lists)
             prompt = tokenizer.apply_chat_template(
                 [{"role": "user", "content": PROMPT.format(words=", ".join(words))}],
                 add_generation_prompt=True, tokenize=True)["input_ids"]
@@ -277,6 +280,12 @@ def make_strategy(method: str, reward: KeywordCoverage, draft_runner: ModelRunne
     raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
 
 
+def comma_list(text: str) -> bool:
+    """Whether ``text`` reads as a word list by its commas: at least max(3, words / 4) of them (the
+    count issue 54 measured lists by; ``list_shaped`` is the reward's own, stricter test)."""
+    return text.count(",") >= max(3, len(text.split()) / 4)
+
+
 def method_metrics(sentences: list[dict[str, Any]], max_repeats: int) -> dict[str, Any]:
     """The metrics of one method's ``sentences`` (records as ``run_commongen`` writes them)."""
     n = len(sentences)
@@ -291,6 +300,8 @@ def method_metrics(sentences: list[dict[str, Any]], max_repeats: int) -> dict[st
         "complete": _mean([float(c) for c in complete]),
         "cut_by_max_tokens": sum(s["finish_reason"] == "length" for s in sentences),
         "repeated_block": sum(repeated_block(s["text"]) for s in sentences),
+        "word_lists": sum(comma_list(s["text"]) for s in sentences),
+        "list_shaped": sum(list_shaped(s["text"], final=True) for s in sentences),
         "hard_coverage_complete": _mean([h * c for h, c in zip(hard, complete, strict=True)]),
         "nll": _mean(nlls),
         "nll_keyword_tokens": _pooled(sentences, "nll_keyword", lambda s: s["keyword_tokens"]),
@@ -342,15 +353,15 @@ def _report(rows: dict[str, list[dict[str, Any]]], states: dict[str, Counter],
 
 def format_table(report: dict[str, Any]) -> str:
     lines = [f"{'method':8s} {'hard':>6s} {'hard 95% CI':>14s} {'soft':>6s} {'complete':>8s} {'nll':>6s} "
-             f"{'real':>6s} {'>max':>5s} {'cut':>4s} {'loop':>4s} {'bleu':>6s} {'rougeL':>6s} {'wall s':>8s} "
-             f"{'passes':>7s} {'draft':>6s}"
+             f"{'real':>6s} {'>max':>5s} {'cut':>4s} {'loop':>4s} {'lists':>5s} {'bleu':>6s} {'rougeL':>6s} "
+             f"{'wall s':>8s} {'passes':>7s} {'draft':>6s}"
              "  states"]
     for method, row in report["methods"].items():
         low, high = row["hard_coverage_ci95"]
         lines.append(f"{method:8s} {row['hard_coverage']:6.3f} {f'[{low:.3f}, {high:.3f}]':>14s} "
                      f"{row['soft_coverage']:6.3f} {row['complete']:8.3f} {row['nll']:6.3f} {row['real_words']:6.3f} "
                      f"{row['over_max_repeats']:5.3f} {row.get('cut_by_max_tokens', -1):4d} "
-                     f"{row.get('repeated_block', -1):4d} "
+                     f"{row.get('repeated_block', -1):4d} {row.get('word_lists', -1):5d} "
                      f"{row['bleu'] or 0:6.2f} {row['rouge_l'] or 0:6.3f} "
                      f"{row['wall_s']:8.1f} {row['target_passes']:7d} {row['draft_passes']:6d}  {row['states'] or ''}")
     lines.append("NLL per token on keyword tokens / the others: " + ", ".join(
@@ -413,6 +424,8 @@ def add_arguments(gen: argparse.ArgumentParser) -> None:
                      help=f"CDSL draft: end a lookahead after an unsure own token (default p < {c.stop_below})")
     gen.add_argument("--no-suggest", dest="suggest", action="store_false",
                      help="CDSL draft: weigh only its own top-k, not the reward's suggested words")
+    gen.add_argument("--no-lists", action="store_true",
+                     help="reward: a list of the words instead of a sentence scores 0 (KeywordCoverage(no_lists=True))")
     gen.add_argument("--json", dest="json_out")
     gen.add_argument("--no-progress", action="store_true")
 
@@ -427,6 +440,7 @@ def config_from(args: argparse.Namespace) -> CommonGenConfig:
         acceptance_threshold=args.a_t, reward_threshold=args.r_t, fallback=args.fallback,
         reward_on=args.reward_on, commit=args.commit, steer_ratio=args.steer_ratio, draft=args.draft,
         draft_lam=args.draft_lam, suggest=args.suggest, stop_below=args.stop_below, loop_guard=args.loop_guard,
+        no_lists=args.no_lists,
     )
 
 

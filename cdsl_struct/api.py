@@ -37,6 +37,7 @@ from .decoding.lookahead import CDLH, CDSL
 from .decoding.loops import SENTENCE_GUARD
 from .decoding.stops import StopHoldback
 from .errors import InvalidArgument, PromptTooLong
+from .keywords import Keywords, named_prompt
 from .models.compiled import compile_for, compile_mode
 from .models.loading import LoadedModel, load_model
 from .models.runner import ModelRunner, self_draft
@@ -197,7 +198,7 @@ class Generator:
 
     def generate(self, prompt: str | Sequence[Any], *, schema: Any = None, regex: str | None = None,
                  choices: Sequence[str] | None = None, grammar: Any = None,
-                 keywords: Sequence[str] | None = None, reward: Reward | Callable[..., float] | None = None,
+                 keywords: Sequence[str] | Keywords | None = None, reward: Reward | Callable[..., float] | None = None,
                  tools: Sequence[Any] | None = None, tool_choice: Any = "auto", parallel_tool_calls: bool = True,
                  tool_format: Any = None, reasoning: Any = None, params: GenerationParams | None = None,
                  stream: bool = False,
@@ -237,7 +238,11 @@ class Generator:
 
         Soft constraints: ``keywords`` (keyword coverage, inflections count) and ``reward``
         (a ``Reward`` or ``fn(text, final) -> float`` in [0, 1]) steer CDLH/CDSL and combine with
-        any hard constraint.
+        any hard constraint. ``keywords``: a list of words or a ``Keywords`` (its options): the
+        words the last user message does not already hold are named in it, the answer is one
+        finished sentence unless another constraint is given (a sentence cut by ``max_tokens`` is
+        closed early: ``closed_by_budget``), a list of the words earns no reward, and
+        ``Result.keywords`` says which words the answer holds.
 
         How to decode: ``params``, a frozen ``GenerationParams`` (method, max_tokens, temperature,
         top_p, seed, stop, presence/frequency penalties, logprobs; its docstring says what each
@@ -368,6 +373,8 @@ class Generator:
                               tool_format=written, **arguments)
         call = self._resolve(read, compile_timeout)
         prompts, batch = split_batch(prompt)
+        if chat and call.keywords is not None:
+            prompts = [named_prompt(p, call.keywords) for p in prompts]
         thinking = call.reasoning is not None
         return call, [self._encode(p, chat, call.system, read.params.max_tokens, thinking) for p in prompts], batch
 
@@ -411,7 +418,7 @@ class Generator:
         else:
             compiled = self.compile(spec if spec is not None else Regex(FREE_TEXT), compile_timeout)
         return Call(compiled, chosen, params, sampling, steer, calls, system,
-                    spec if calls is not None else None, read.reasoning)
+                    spec if calls is not None else None, read.reasoning, read.keywords)
 
     def compile(self, spec: Any, timeout: float | None = None) -> CompiledConstraint:
         """``spec`` compiled for this model's tokenizer (cached by ``cdsl_struct.compile``, which
@@ -447,7 +454,8 @@ class Generator:
             result = read_calls(call.tools, call.answer_format, result)
         ended = result.finish_reason == "stop" or result.closed_by_budget
         unfinished = {} if ended else {"complete": False, "value": None}
-        return replace(result, method=call.method.value, prompt_tokens=len(prompt), **unfinished)
+        report = None if call.keywords is None else call.keywords.report(result.text)
+        return replace(result, method=call.method.value, prompt_tokens=len(prompt), keywords=report, **unfinished)
 
     def _decode(self, call: Call, prompt: list[int], emit: Emit | None,
                 cancel: threading.Event | None) -> Result:

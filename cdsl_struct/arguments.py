@@ -15,29 +15,28 @@ from .constraints import Choice, ConstraintSpec, Grammar, Regex
 from .constraints.reasoning import Reasoning
 from .constraints.specs import as_spec
 from .errors import CdslError, InvalidArgument
+from .keywords import Keywords
 from .options import Method, one_constraint
 from .params import GenerationParams
-from .rewards import KeywordCoverage, Reward, WeightedMean
+from .rewards import Reward, WeightedMean
 from .rewards.base import as_reward
 from .tools import ToolRequest, tool_request
 from .tools.formats import GENERIC, ToolFormat, resolve_format
-
-KEYWORD_MAX_REPEATS = 2
-"""``keywords=``: each keyword may appear this often before repeats lower the reward (stuffing never scores)."""
-
 
 
 @dataclass(frozen=True)
 class Arguments:
     """What a ``generate`` call's arguments mean without a model: its decoding parameters, its reward,
-    its hard constraint (None: free text), its tools (None: no call can be made; written in the format
-    given, else the generic one) and its reasoning. ``read_arguments`` makes one."""
+    its hard constraint (None: free text; with keywords and nothing else, their form's), its tools
+    (None: no call can be made; written in the format given, else the generic one), its reasoning and
+    its keyword request. ``read_arguments`` makes one."""
 
     params: GenerationParams
     reward: Reward | None
     spec: ConstraintSpec | None
     tools: ToolRequest | None
     reasoning: Reasoning | None
+    keywords: Keywords | None = None
 
 
 def read_arguments(*, schema: Any = None, regex: Any = None, choices: Any = None, grammar: Any = None,
@@ -52,16 +51,20 @@ def read_arguments(*, schema: Any = None, regex: Any = None, choices: Any = None
     chosen = GenerationParams.of(params, **overrides)
     with named_errors("method"):
         Method.parse(chosen.method)
-    with named_errors("keywords" if keywords is not None else "reward"):
-        steer = reward_for(keywords, reward)
+    with named_errors("keywords"):
+        wanted = Keywords.of(keywords)
+    with named_errors("reward"):
+        steer = reward_for(wanted, reward)
     written = tool_format if isinstance(tool_format, ToolFormat) else \
         GENERIC if tool_format in (None, "auto") else resolve_format(tool_format)
     with named_errors("tools", "tool_choice"):
         calls = tool_request(tools, tool_choice, parallel_tool_calls, written)
     spec = answer_spec(schema=schema, regex=regex, choices=choices, grammar=grammar)
+    if spec is None and calls is None and wanted is not None:
+        spec = wanted.constraint
     with named_errors("reasoning"):
         thinking = Reasoning.of(reasoning)
-    return Arguments(chosen, steer, spec, calls, thinking)
+    return Arguments(chosen, steer, spec, calls, thinking, wanted)
 
 
 def answer_spec(*, schema: Any, regex: Any, choices: Any, grammar: Any) -> ConstraintSpec | None:
@@ -91,12 +94,11 @@ def answer_spec(*, schema: Any, regex: Any, choices: Any, grammar: Any) -> Const
     return None
 
 
-def reward_for(keywords: Any, reward: Any) -> Reward | None:
+def reward_for(keywords: Keywords | None, reward: Any) -> Reward | None:
+    """The reward that steers a call: the keywords' coverage, the user's reward, or their mean."""
     rewards: list[Reward] = []
     if keywords is not None:
-        if isinstance(keywords, (str, bytes)) or not all(isinstance(w, str) for w in keywords) or not keywords:
-            raise ValueError("keywords must be a non-empty list of words")
-        rewards.append(KeywordCoverage(keywords, max_repeats=KEYWORD_MAX_REPEATS))
+        rewards.append(keywords.reward())
     if reward is not None:
         if not callable(reward):
             raise ValueError("reward must be a Reward or a function fn(text, final) -> float")

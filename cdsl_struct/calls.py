@@ -13,6 +13,7 @@ from .constraints import CompiledConstraint, ConstraintSpec, Grammar, JsonSchema
 from .constraints.reasoning import Reasoning
 from .decoding import SamplingParams
 from .decoding.penalties import Penalties
+from .keywords import Keywords
 from .options import Method
 from .params import GenerationParams
 from .result import Result, parse_value
@@ -37,6 +38,8 @@ class Call:
     """With tools: the spec of an answer that is not a call (``schema=`` beside ``tools``)."""
     reasoning: Reasoning | None = None
     """Think first, then answer under ``compiled`` (``reasoning=``)."""
+    keywords: Keywords | None = None
+    """The keyword request (``keywords=``), whose coverage each Result reports."""
 
     @property
     def penalties(self) -> Penalties | None:
@@ -46,10 +49,13 @@ class Call:
 
 def budget_mode(call: Call) -> str:
     """``close`` or ``cut`` for ``call`` (``GenerationParams.on_budget``; ``auto``: close JSON and
-    grammar answers; cut tool calls, whose closing would invent arguments an agent might run)."""
+    grammar answers and a keyword request's sentence; cut tool calls, whose closing would invent
+    arguments an agent might run)."""
     mode = call.params.on_budget
     if mode == "auto":
-        closable = call.tools is None and isinstance(call.compiled.spec, (JsonSchema, Grammar))
+        form = call.keywords.constraint if call.keywords is not None else None
+        closable = call.tools is None and (isinstance(call.compiled.spec, (JsonSchema, Grammar))
+                                           or (form is not None and call.compiled.spec == form))
         return "close" if closable else "cut"
     return mode
 

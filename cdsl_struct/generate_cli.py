@@ -39,7 +39,13 @@ def add_generate_parser(commands: Any) -> argparse.ArgumentParser:
                             help="structural tag (JSON, as the server's response_format of that type: vLLM's "
                                  "structures/triggers or XGrammar's format): free text whose tags follow their schemas")
     gen.add_argument("--keywords", metavar="W1,W2",
-                     help="comma-separated words the output should use (reward-steered: CDSL or CDLH)")
+                     help="comma-separated words the output should use (reward-steered: CDSL or CDLH); the words "
+                          "the prompt lacks are named in it, and stderr says which the answer holds")
+    gen.add_argument("--keyword-form", choices=("sentence", "paragraph", "text"), default="sentence",
+                     help="with --keywords and no other constraint: one sentence (default), sentences on one "
+                          "line, or free text")
+    gen.add_argument("--no-name-keywords", dest="name_keywords", action="store_false",
+                     help="with --keywords: leave the prompt as written (do not name the words in it)")
     gen.add_argument("--reasoning", action="store_true",
                      help="think first (between the model's markers), then answer under the constraint; the "
                           "thinking goes to stderr")
@@ -109,6 +115,10 @@ def run_generate(args: argparse.Namespace) -> int:
     if result.closed_by_budget:
         print("cdsl-struct generate: the answer was closed early to fit --max-tokens (valid; strings may be short, "
               "optional fields missing)", file=sys.stderr)
+    if result.keywords is not None:
+        missing = f"; missing: {', '.join(result.keywords.missing)}" if result.keywords.missing else ""
+        print(f"cdsl-struct generate: keywords covered: {', '.join(result.keywords.covered) or 'none'}{missing}",
+              file=sys.stderr)
     if not result.complete:
         print(f"cdsl-struct generate: incomplete output (finish_reason {result.finish_reason}); "
               "raise --max-tokens", file=sys.stderr)
@@ -146,7 +156,8 @@ def _constraint_kwargs(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError(f"--structural-tag {args.structural_tag}: not JSON ({exc})") from None
         kwargs["grammar"] = from_response_format(given)
     if args.keywords:
-        kwargs["keywords"] = [w.strip() for w in args.keywords.split(",") if w.strip()]
+        kwargs["keywords"] = {"words": [w.strip() for w in args.keywords.split(",") if w.strip()],
+                              "form": args.keyword_form, "name": args.name_keywords}
     if args.reasoning_budget is not None:
         if args.reasoning_budget < 0:
             raise ValueError("--reasoning-budget takes a count of thinking tokens >= 0")

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .keywords import KeywordReport
     from .tools import ToolCall
 
 
@@ -114,6 +115,8 @@ class Result:
     ``finish_reason`` ``length``, but a string may be short and optional members missing.
     ``reasoning``: with ``reasoning=``, what the model thought between its markers (None where it
     did not think); ``text`` and ``value`` are then the answer after the thinking.
+    ``keywords``: with ``keywords=``, which of them the answer holds (``KeywordReport``: covered,
+    missing; inflections count).
     """
 
     text: str
@@ -129,6 +132,7 @@ class Result:
     prompt_tokens: int = 0
     closed_by_budget: bool = False
     reasoning: str | None = None
+    keywords: KeywordReport | None = None
 
     def __post_init__(self) -> None:
         if self.content is None and not self.tool_calls:

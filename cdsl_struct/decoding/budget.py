@@ -60,23 +60,27 @@ _FIRST_CHUNK = 512
 _BRACKETS = set("}]")
 _SMALL_VALUES = {"0", "1", '""', "[]", "{}", "false", "true", "null", "[", "{"}
 _JOINERS = set(",:")
+_SENTENCE_ENDS = {".": -2.0, "!": -1.9, "?": -1.8}
 
 
-def closing_ranks(vocabulary: TokenVocabulary, size: int) -> np.ndarray:
+def closing_ranks(vocabulary: TokenVocabulary, size: int, prose: bool = False) -> np.ndarray:
     """Per token id (``size`` of them: a mask's width), its order as a closing step, lower first:
     ``""`` (the empty string, allowed only where a value starts), ``"`` (it ends a string), tokens
     only of ``}`` and ``]`` (the longer the earlier: each closes more), ``,`` and ``:``, the
     smallest values, then the rest by length; whitespace (taken only where nothing else is
     allowed) and ids past the vocabulary last. (A
-    token such as ``"]`` is not a closer: at a value it opens a string.)
-    Made once per vocabulary."""
+    token such as ``"]`` is not a closer: at a value it opens a string.) ``prose``: a sentence's
+    end (``.``, ``!``, ``?``) ranks first, for text outside JSON (a sentence, where ``"`` and ``,``
+    are allowed anywhere and end nothing). Made once per vocabulary."""
     def build(vocab: TokenVocabulary) -> np.ndarray:
         ranks = np.full(max(size, vocab.size), 1e6)
         for token, raw in enumerate(vocab.token_bytes):
             text = raw.decode("utf-8", errors="replace")
             if token in vocab.special_ids:
                 continue
-            if text == '""':  # allowed only where a value starts: the whole shortest string
+            if prose and text in _SENTENCE_ENDS:
+                ranks[token] = _SENTENCE_ENDS[text]
+            elif text == '""':  # allowed only where a value starts: the whole shortest string
                 ranks[token] = -1.0
             elif text == '"':  # inside a string the one closer, at a value the start of the shortest string
                 ranks[token] = 0.0
@@ -90,7 +94,7 @@ def closing_ranks(vocabulary: TokenVocabulary, size: int) -> np.ndarray:
                 ranks[token] = 4.0 + len(text)
         return ranks
 
-    return vocabulary.engine_object("closing_ranks", build)[:size]
+    return vocabulary.engine_object("closing_ranks:prose" if prose else "closing_ranks", build)[:size]
 
 
 @dataclass(frozen=True, eq=False)
@@ -139,10 +143,10 @@ class ClosingOrder:
         return found
 
 
-def closing_order(vocabulary: TokenVocabulary, size: int) -> ClosingOrder:
-    """``ClosingOrder`` of ``vocabulary`` for masks ``size`` wide, made once."""
-    ranks = closing_ranks(vocabulary, size)  # outside: the vocabulary's lock is not reentrant
-    return vocabulary.engine_object(f"closing_order:{size}",
+def closing_order(vocabulary: TokenVocabulary, size: int, prose: bool = False) -> ClosingOrder:
+    """``ClosingOrder`` of ``vocabulary`` for masks ``size`` wide (``prose``: see ``closing_ranks``), made once."""
+    ranks = closing_ranks(vocabulary, size, prose)  # outside: the vocabulary's lock is not reentrant
+    return vocabulary.engine_object(f"closing_order:{size}:{prose}",
                                     lambda vocab: ClosingOrder.build(ranks, vocab.eos_token_ids))
 
 
@@ -551,7 +555,9 @@ def _json_written(session: Session, proposed: Sequence[int] = ()) -> bytes | Non
 
 
 def _closing(session: Session) -> ClosingOrder:
-    return closing_order(session.compiled.vocabulary, session.compiled.vocab_size)
+    """The closing order of the row's output: a regex's (a sentence, say) ends at a sentence's end first."""
+    prose = getattr(session.compiled.spec, "kind", "") == "regex"
+    return closing_order(session.compiled.vocabulary, session.compiled.vocab_size, prose)
 
 
 def _allowed(mask: Any, size: int, eos: Sequence[int]) -> np.ndarray:

@@ -431,7 +431,10 @@ class CDSL:
         accepted, extra = verify(session, proposal, masked)
         agrees = [True] * accepted + [False] + self._judge(session, proposal, masked, start=accepted + 1)
         a = sum(agrees[:drafted]) / drafted if drafted else 1.0
-        if self.reward_on == "ending" and not ends:
+        lost = self._lost_at(session, tokens)
+        if lost is not None:
+            r = 0.0
+        elif self.reward_on == "ending" and not ends:
             r = 1.0
         else:
             r = self.reward(session.answer_of(session.output + tokens), final=ends)
@@ -446,14 +449,18 @@ class CDSL:
             session.state.rollback(drafted - kept)
             session.output.extend(tokens[:kept])
             return tokens[:kept] + self._target_token(session, masked[kept])
-        if passed_r:
+        corrected = tokens[:accepted] + ([] if extra is None else [extra])
+        if passed_r and self._lost_at(session, corrected) is None:
             session.state.rollback(drafted - accepted)
-            committed = tokens[:accepted] + ([] if extra is None else [extra])
             if extra is not None:
                 session.state.advance(extra)
-            session.output.extend(committed)
-            return committed
-        keep = min(accepted, _closing_index(session, tokens)) if self.reward_on == "ending" else 0
+            session.output.extend(corrected)
+            return corrected
+        if passed_r:  # the target's correction would lose the reward: the fallback chooses there instead
+            keep = accepted
+        else:
+            keep = min(accepted, _closing_index(session, tokens)) if self.reward_on == "ending" else 0
+            keep = keep if lost is None else min(keep, lost)
         session.state.rollback(drafted - keep)
         session.output.extend(tokens[:keep])
         if self.fallback == "target":
@@ -474,15 +481,26 @@ class CDSL:
         row = masked[index]
         return float(row[proposal.tokens[index]] - row.max()) >= math.log(self.steer_ratio)
 
-    @staticmethod
-    def _target_token(session: Session, choice: torch.Tensor, allow_ending: bool = False) -> list[int]:
+    def _lost_at(self, session: Session, tokens: list[int]) -> int | None:
+        """The index of the first of ``tokens`` after which the output has lost the reward for good
+        (``Reward.failed``: a list of the keywords, say), None where none does or the output had
+        lost it before them (then nothing is left to save)."""
+        if self.reward.failed(session.answer_of(session.output)):
+            return None
+        return next((i for i in range(len(tokens))
+                     if self.reward.failed(session.answer_of(session.output + tokens[:i + 1]))), None)
+
+    def _target_token(self, session: Session, choice: torch.Tensor, allow_ending: bool = False) -> list[int]:
         """Commit the target's own next token (``choice``: its masked logits); unless ``allow_ending``,
-        not one that ends the output."""
+        not one that ends the output, nor then one that loses the reward (the next step decides there;
+        the fallback, ``allow_ending``, must commit a token)."""
         if session.state.finished:
             return []
         if not torch.isfinite(choice).any():
             return []
         token = choose(choice, session.params, session.generator)
+        if not allow_ending and self._lost_at(session, [token]) is not None:
+            return []
         session.state.advance(token)
         if not allow_ending and state_ended(session.state, session.compiled):
             session.state.rollback(1)
@@ -548,9 +566,11 @@ def output_ended(session: Session, tokens: int | Sequence[int]) -> bool:
 def optimistic_reward(session: Session, reward: Reward, tokens: list[int], ended: bool, optimism: float) -> float:
     """The reward of the output ``tokens``. Unfinished, it is credited ``optimism`` of what it may
     still earn, scaled by the share of ``max_tokens`` left after it: with no room left there is
-    nothing more to earn, so an output near its budget is no longer kept from ending."""
-    score = reward(session.answer_of(tokens), final=ended)
-    if ended:
+    nothing more to earn, so an output near its budget is no longer kept from ending. Text that has
+    lost the reward for good (``Reward.failed``) earns nothing more either."""
+    text = session.answer_of(tokens)
+    score = reward(text, final=ended)
+    if ended or reward.failed(text):
         return score
     left = max(session.max_tokens - len(tokens), 0) / session.max_tokens if session.max_tokens > 0 else 1.0
     return score + optimism * left * (1.0 - score)

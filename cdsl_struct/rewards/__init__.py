@@ -6,7 +6,7 @@ constraint already allows.
 
 from .base import CallableReward, MinReward, Reward, RewardError, WeightedMean, checked_score
 from .harmlessness import Harmlessness
-from .keywords import KeywordCoverage, inflections
+from .keywords import KeywordCoverage, inflections, list_shaped
 from .progress import RegexMatch, SchemaProgress
 
 __all__ = [
@@ -21,4 +21,5 @@ __all__ = [
     "WeightedMean",
     "checked_score",
     "inflections",
+    "list_shaped",
 ]

@@ -49,6 +49,13 @@ class Reward(ABC):
         """
         return []
 
+    def failed(self, text: str) -> bool:
+        """Whether ``text`` has lost the reward whatever follows it (False by default), e.g. keyword
+        coverage that pays nothing for a list of the words once the text is one. A reward judged
+        on endings (``earned_by_end``) says so here, so a decoder can turn back at the token that
+        lost it instead of at the ending."""
+        return False
+
     def __call__(self, text: str, *, final: bool = False) -> float:
         return checked_score(self.score(text, final=final), type(self).__name__)
 
@@ -95,6 +102,9 @@ class WeightedMean(Reward):
     def spent(self, text: str) -> list[str]:
         return _merged([reward.spent(text) for reward in self.rewards])
 
+    def failed(self, text: str) -> bool:
+        return all(reward.failed(text) for reward in self.rewards)
+
     @property
     def earned_by_end(self) -> bool:  # type: ignore[override]
         return all(r.earned_by_end for r in self.rewards)
@@ -116,6 +126,9 @@ class MinReward(Reward):
 
     def spent(self, text: str) -> list[str]:
         return _merged([reward.spent(text) for reward in self.rewards])
+
+    def failed(self, text: str) -> bool:
+        return any(reward.failed(text) for reward in self.rewards)
 
     @property
     def earned_by_end(self) -> bool:  # type: ignore[override]

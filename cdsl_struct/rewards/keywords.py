@@ -10,6 +10,11 @@ from .base import Reward
 
 _WORD = re.compile(r"[A-Za-z]+(?:'[A-Za-z]+)?")
 _POS_SUFFIX = re.compile(r"_[A-Z]+$")
+_FILLERS = frozenset({"a", "an", "the", "and", "or", "some"})
+LIST_ITEMS = 3
+"""A text is a list once this many of its comma-separated pieces are items (``list_shaped``)."""
+ITEM_WORDS = 2
+"""A piece of at most this many words, not counting articles and "and"/"or", is an item."""
 
 
 @lru_cache(maxsize=4096)
@@ -30,6 +35,24 @@ def inflections(word: str) -> frozenset[str]:
     return frozenset(forms)
 
 
+def list_shaped(text: str, *, final: bool) -> bool:
+    """Whether ``text`` reads as a list of words rather than a sentence: at least ``LIST_ITEMS`` of
+    its comma-separated pieces are items of at most ``ITEM_WORDS`` words (articles and "and"/"or"
+    not counted), as in "Jockey, horse, race, ride." or "Sit, a card, a floor, a shuffle.".
+    "He bought eggs, milk, and bread." has one item and is a sentence. Unfinished (``final``
+    false), the piece after the last comma is still being written and is not judged, so a text
+    once list-shaped stays so as it grows.
+    """
+    pieces = re.split(r"[,;]", text)
+    if not final:
+        pieces = pieces[:-1]
+    items = 0
+    for piece in pieces:
+        words = [w for w in _WORD.findall(piece) if w.lower() not in _FILLERS]
+        items += 0 < len(words) <= ITEM_WORDS
+    return items >= LIST_ITEMS
+
+
 class KeywordCoverage(Reward):
     """Fraction of ``words`` present (``mode="soft"``), or 1/0 for all present (``"hard"``).
 
@@ -37,11 +60,15 @@ class KeywordCoverage(Reward):
     ``max_repeats`` (default: no limit) penalises stuffing: every occurrence of a word beyond
     ``max_repeats`` (inflections count as the word) takes one word's share off the soft score,
     and in ``"hard"`` mode any excess scores 0, so repeating a keyword never earns more.
+    ``no_lists`` scores 0 for a text that lists words instead of using them in a sentence
+    (``list_shaped``): a list holds every keyword at no cost in fluency, and would otherwise earn
+    as much as a sentence.
     """
 
     earned_by_end = True
 
-    def __init__(self, words: Iterable[str], mode: str = "soft", max_repeats: int | None = None) -> None:
+    def __init__(self, words: Iterable[str], mode: str = "soft", max_repeats: int | None = None,
+                 no_lists: bool = False) -> None:
         if mode not in ("soft", "hard"):
             raise ValueError(f"mode must be 'soft' or 'hard', got {mode!r}")
         if max_repeats is not None and max_repeats < 1:
@@ -51,6 +78,7 @@ class KeywordCoverage(Reward):
             raise ValueError("KeywordCoverage needs at least one word")
         self.mode = mode
         self.max_repeats = max_repeats
+        self.no_lists = no_lists
         self._forms = [inflections(w) for w in self.words]
 
     def counts(self, text: str) -> list[int]:
@@ -87,7 +115,13 @@ class KeywordCoverage(Reward):
         return [form for forms, count in zip(self._forms, self.counts(text), strict=True)
                 if count >= self.max_repeats for form in sorted(forms)]
 
+    def failed(self, text: str) -> bool:
+        """With ``no_lists``: whether ``text`` is already a list of words (``list_shaped``)."""
+        return self.no_lists and list_shaped(text, final=False)
+
     def score(self, text: str, *, final: bool) -> float:
+        if self.no_lists and list_shaped(text, final=final):
+            return 0.0
         covered, excess = len(self.covered(text)), self.excess(text)
         if self.mode == "hard":
             return float(covered == len(self.words) and excess == 0)

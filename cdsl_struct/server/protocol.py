@@ -227,7 +227,10 @@ class _GenerationRequest(_Model):
     regex: str | None = None
     grammar: str | None = None
     choices: list[str] | None = Field(default=None, min_length=1)
-    keywords: list[str] | None = None
+    keywords: list[str] | dict[str, Any] | None = None
+    """Words the answer should hold (``generate(keywords=)``): a list, or ``{"words": [...], "name":
+    bool, "form": "sentence" | "paragraph" | "text"}``; each choice reports ``keywords``:
+    ``{"covered": [...], "missing": [...]}``."""
     method: str | None = None
     on_budget: str | None = None
     """``close`` / ``cut`` / ``auto`` (``GenerationParams.on_budget``); a closed answer's choice

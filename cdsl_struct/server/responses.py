@@ -65,9 +65,13 @@ def text_logprobs(result: Any) -> dict[str, Any] | None:
             "text_offset": offsets}
 
 
-def _closed(result: Any) -> dict[str, Any]:
-    """Our extension on a choice whose answer was closed early to fit ``max_tokens``."""
-    return {"closed_by_budget": True} if getattr(result, "closed_by_budget", False) else {}
+def _extensions(result: Any) -> dict[str, Any]:
+    """Our extensions on a choice: ``closed_by_budget`` where the answer was closed early to fit
+    ``max_tokens``, ``keywords`` (``{"covered": [...], "missing": [...]}``) where it was asked for them."""
+    given: dict[str, Any] = {"closed_by_budget": True} if getattr(result, "closed_by_budget", False) else {}
+    if getattr(result, "keywords", None) is not None:
+        given["keywords"] = result.keywords.as_dict()
+    return given
 
 
 def chat_completion(results: Sequence[Any], model: str, named_tool: bool = False) -> dict[str, Any]:
@@ -75,7 +79,7 @@ def chat_completion(results: Sequence[Any], model: str, named_tool: bool = False
     return {
         "id": new_id("chatcmpl"), "object": "chat.completion", "created": int(time.time()), "model": model,
         "choices": [{"index": i, "message": chat_message(r), "logprobs": chat_logprobs(r),
-                     "finish_reason": finish_reason(r, named_tool), **_closed(r)} for i, r in enumerate(results)],
+                     "finish_reason": finish_reason(r, named_tool), **_extensions(r)} for i, r in enumerate(results)],
         "usage": usage(results[0].prompt_tokens, sum(len(r.tokens) for r in results)),
     }
 
@@ -85,7 +89,7 @@ def text_completion(results: Sequence[Any], model: str, n: int = 1) -> dict[str,
     return {
         "id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()), "model": model,
         "choices": [{"index": i, "text": r.text, "logprobs": text_logprobs(r), "finish_reason": finish_reason(r),
-                     **_closed(r)} for i, r in enumerate(results)],
+                     **_extensions(r)} for i, r in enumerate(results)],
         "usage": usage(sum(r.prompt_tokens for r in results[::n]), sum(len(r.tokens) for r in results)),
     }
 
@@ -118,12 +122,12 @@ class ChunkWriter:
         return sse(self._envelope([choice]))
 
     def finish(self, result: Any, reason: str) -> str:
-        """The chunk that ends a streamed choice: its finish reason (and ``closed_by_budget``)."""
+        """The chunk that ends a streamed choice: its finish reason (and ``closed_by_budget``, ``keywords``)."""
         if self.chat:
             choice = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}
         else:
             choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": reason}
-        return sse(self._envelope([{**choice, **_closed(result)}]))
+        return sse(self._envelope([{**choice, **_extensions(result)}]))
 
     def content(self, text: str, partial: Any = NOTHING) -> str:
         """A chunk of answer text (with the answer's partial value so far, where given)."""

@@ -1,0 +1,151 @@
+"""A keyword request (``generate(keywords=...)``): the words, whether the instruction names them,
+the form of the answer, the reward that steers towards them, and the report of what was covered.
+
+Measured on CommonGen concept sets (BENCHMARKS.md, "keywords from any prompt"): an instruction that
+does not name its keywords ("Write a sentence.") gives the model nothing to steer from, and the
+reward alone can only insert words where the target finds them plausible; naming them the way
+CommonGen's task does is what makes them appear. So by default the missing words are named in the
+last user message, and the answer is one finished sentence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .constraints import Regex
+from .errors import InvalidArgument
+from .rewards import KeywordCoverage
+
+MAX_REPEATS = 2
+"""Each keyword may appear this often before repeats lower the reward (stuffing never scores)."""
+
+_SENTENCE = r"""[A-Z0-9"'(](?:[^\n.!?]|[.!?]+[0-9a-z,])*[.!?]+["')]?"""
+SENTENCE = Regex(_SENTENCE)
+"""One sentence on one line: it opens with a capital, digit, quote or parenthesis and ends at its
+first ``.``, ``!`` or ``?`` that is not followed by a digit, a lower-case letter or a comma
+("3.5", "e.g., x" stay inside; "Mr. Smith" would end it)."""
+PARAGRAPH = Regex(f"{_SENTENCE}(?: {_SENTENCE})*")
+"""Sentences separated by single spaces, on one line."""
+FORMS: dict[str, Regex | None] = {"sentence": SENTENCE, "paragraph": PARAGRAPH, "text": None}
+"""``Keywords.form``: the hard constraint each form puts on an answer that has no other (None: free text)."""
+
+_INSTRUCTIONS = {
+    "sentence": "Use all of these words in one sentence: {words}.",
+    "paragraph": "Use all of these words: {words}.",
+    "text": "Use all of these words: {words}.",
+}
+
+
+@dataclass(frozen=True)
+class KeywordReport:
+    """Which keywords an output holds (any inflection counts), in the order they were given."""
+
+    covered: tuple[str, ...]
+    missing: tuple[str, ...]
+
+    @property
+    def complete(self) -> bool:
+        """Whether every keyword appears."""
+        return not self.missing
+
+    def as_dict(self) -> dict[str, list[str]]:
+        return {"covered": list(self.covered), "missing": list(self.missing)}
+
+
+@dataclass(frozen=True)
+class Keywords:
+    """What ``generate(keywords=...)`` asks for: ``words`` in the answer (inflections count).
+
+    ``name``: where the last user message does not already hold every word, append an
+    instruction naming the missing ones (chat prompts only; ``chat=False`` text is encoded as
+    given). ``form``: the answer's shape when no other hard constraint is given: ``"sentence"``
+    (one sentence, ``SENTENCE``), ``"paragraph"`` (sentences on one line) or ``"text"`` (free
+    text); a ``schema``, ``regex``, ``choices``, ``grammar`` or ``tools`` replaces it.
+    ``max_repeats``: occurrences of a word that still earn reward. ``no_lists``: a list of the
+    words ("Dog, ride, walk.") earns nothing, so the steering prefers sentences.
+    """
+
+    words: tuple[str, ...]
+    name: bool = True
+    form: str = "sentence"
+    max_repeats: int = MAX_REPEATS
+    no_lists: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.words, (str, bytes)) or not self.words or \
+                not all(isinstance(w, str) and w.strip() for w in self.words):
+            raise InvalidArgument("keywords must be a non-empty list of words", param="keywords")
+        object.__setattr__(self, "words", tuple(w.strip() for w in self.words))
+        if self.form not in FORMS:
+            raise InvalidArgument(f"keyword form must be one of {', '.join(map(repr, FORMS))}, got {self.form!r}",
+                                  param="keywords")
+        if not isinstance(self.max_repeats, int) or self.max_repeats < 1:
+            raise InvalidArgument(f"max_repeats must be an integer >= 1, got {self.max_repeats!r}", param="keywords")
+
+    @classmethod
+    def of(cls, value: Any) -> Keywords | None:
+        """``value`` as a request: a ``Keywords``, a list of words, or a dict of the fields
+        (``{"words": [...], "name": false, "form": "text"}``, as the server takes it); None stays None."""
+        if value is None or isinstance(value, Keywords):
+            return value
+        if isinstance(value, dict):
+            unknown = set(value) - {"words", "name", "form", "max_repeats", "no_lists"}
+            if unknown:
+                raise InvalidArgument(f"unknown keyword option(s): {', '.join(sorted(unknown))}", param="keywords")
+            if "words" not in value:
+                raise InvalidArgument("keywords needs its words", param="keywords")
+            words = value["words"]
+            options = {k: v for k, v in value.items() if k != "words"}
+            for flag in ("name", "no_lists"):
+                if flag in options and not isinstance(options[flag], bool):
+                    raise InvalidArgument(f"keywords' {flag} must be true or false", param="keywords")
+        else:
+            words, options = value, {}
+        if isinstance(words, (str, bytes)) or not isinstance(words, Sequence):
+            raise InvalidArgument("keywords must be a non-empty list of words", param="keywords")
+        return cls(tuple(words), **options)
+
+    def reward(self) -> KeywordCoverage:
+        """The coverage reward that steers CDLH and CDSL towards the words."""
+        return KeywordCoverage(self.words, max_repeats=self.max_repeats, no_lists=self.no_lists)
+
+    @property
+    def constraint(self) -> Regex | None:
+        """The hard constraint of the form (None: free text)."""
+        return FORMS[self.form]
+
+    def instruction(self, message: str) -> str | None:
+        """The sentence to append to the user's ``message`` naming the words it lacks (None: it
+        names them all, or naming is off)."""
+        if not self.name:
+            return None
+        coverage = KeywordCoverage(self.words)
+        if not coverage.missing(message):
+            return None
+        return _INSTRUCTIONS[self.form].format(words=", ".join(coverage.words))
+
+    def report(self, text: str) -> KeywordReport:
+        """Which words ``text`` holds."""
+        coverage = KeywordCoverage(self.words)
+        covered = set(coverage.covered(text))
+        return KeywordReport(tuple(w for w, c in zip(self.words, coverage.words, strict=True) if c in covered),
+                             tuple(w for w, c in zip(self.words, coverage.words, strict=True) if c not in covered))
+
+
+def named_prompt(prompt: Any, keywords: Keywords) -> Any:
+    """``prompt`` (a string or a list of messages) with the instruction naming ``keywords`` appended
+    to its last user message, where it needs one; otherwise ``prompt`` as it is."""
+    if isinstance(prompt, str):
+        instruction = keywords.instruction(prompt)
+        return prompt if instruction is None else f"{prompt.rstrip()}\n\n{instruction}"
+    messages = list(prompt)
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if isinstance(message, dict) and message.get("role") == "user" and isinstance(message.get("content"), str):
+            instruction = keywords.instruction(message["content"])
+            if instruction is not None:
+                messages[index] = {**message, "content": f"{message['content'].rstrip()}\n\n{instruction}"}
+            return messages
+    return prompt
