@@ -13,6 +13,8 @@ HARNESSES: dict[str, tuple[str, str]] = {
     "commongen-merge": ("benchmarks.commongen_merge", "one CommonGen report from the JSON reports of its shards"),
     "json-keywords": ("benchmarks.json_keywords", "hard + soft: JSON-schema outputs whose strings must cover keywords"),
     "keyword-load": ("benchmarks.keyword_load", "keyword-constrained requests one at a time vs all at once"),
+    "keyword-prompts": ("benchmarks.keyword_prompts",
+                        "keywords from prompts that do not name them: named vs unnamed vs naming off, via generate"),
     "quality": ("benchmarks.answer_quality", "constrained vs free answers: accuracy, whitespace, token boundaries"),
     "fuzz-rewrite": ("benchmarks.fuzz_rewrite", "fuzz the schema rewriter: original vs rewrite, judged by jsonschema"),
     "speculative": ("benchmarks.speculative", "constrained speculative decoding vs target-only and HF baselines"),

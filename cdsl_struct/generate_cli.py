@@ -109,16 +109,16 @@ def run_generate(args: argparse.Namespace) -> int:
         first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         print(f"cdsl-struct generate: error: {first_line}", file=sys.stderr)
         return EXIT_ERROR
+    if result.keywords is not None:
+        missing = f"; missing: {', '.join(result.keywords.missing)}" if result.keywords.missing else ""
+        print(f"cdsl-struct generate: keywords covered: {', '.join(result.keywords.covered) or 'none'}{missing}",
+              file=sys.stderr)
     if args.stats:
         print(json.dumps({"method": result.method, "finish_reason": result.finish_reason,
                           "complete": result.complete, **result.stats.as_dict()}), file=sys.stderr)
     if result.closed_by_budget:
         print("cdsl-struct generate: the answer was closed early to fit --max-tokens (valid; strings may be short, "
               "optional fields missing)", file=sys.stderr)
-    if result.keywords is not None:
-        missing = f"; missing: {', '.join(result.keywords.missing)}" if result.keywords.missing else ""
-        print(f"cdsl-struct generate: keywords covered: {', '.join(result.keywords.covered) or 'none'}{missing}",
-              file=sys.stderr)
     if not result.complete:
         print(f"cdsl-struct generate: incomplete output (finish_reason {result.finish_reason}); "
               "raise --max-tokens", file=sys.stderr)

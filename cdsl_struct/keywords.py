@@ -21,11 +21,11 @@ from .rewards import KeywordCoverage
 MAX_REPEATS = 2
 """Each keyword may appear this often before repeats lower the reward (stuffing never scores)."""
 
-_SENTENCE = r"""[A-Z0-9"'(](?:[^\n.!?]|[.!?]+[0-9a-z,])*[.!?]+["')]?"""
+_SENTENCE = r"""[A-Z0-9"'(](?:[^\n.!?]|[.!?]+[0-9])*[.!?]+["')]?"""
 SENTENCE = Regex(_SENTENCE)
 """One sentence on one line: it opens with a capital, digit, quote or parenthesis and ends at its
-first ``.``, ``!`` or ``?`` that is not followed by a digit, a lower-case letter or a comma
-("3.5", "e.g., x" stay inside; "Mr. Smith" would end it)."""
+first ``.``, ``!`` or ``?`` not followed by a digit ("3.5" stays inside; "Mr. Smith" and
+"e.g. this" would end it, and so would "dish.add" and "sit.com", which a small model glues)."""
 PARAGRAPH = Regex(f"{_SENTENCE}(?: {_SENTENCE})*")
 """Sentences separated by single spaces, on one line."""
 FORMS: dict[str, Regex | None] = {"sentence": SENTENCE, "paragraph": PARAGRAPH, "text": None}

@@ -66,6 +66,14 @@ def test_keywords_use_cdsl(capsys):
     assert code == 0 and json.loads(err.strip().splitlines()[-1])["method"] == "cdsl"
 
 
+def test_readmes_keyword_example_writes_a_sentence_with_its_words(capsys, monkeypatch):
+    """README: ``echo "Write a sentence." | cdsl-struct generate --keywords dog,ride,walk``."""
+    monkeypatch.setattr("sys.stdin", io.StringIO("Write a sentence.\n"))
+    code, out, err = run(capsys, "--keywords", "dog,ride,walk")
+    assert code == 0 and re.fullmatch(r"[A-Z][^\n]*[.!?]\n", out)
+    assert "keywords covered: dog, ride, walk\n" in err
+
+
 def test_incomplete_output_exits_nonzero(capsys):
     code, out, err = run(capsys, "--regex", "[a-z ]{20,40}", "--max-tokens", "2", "Describe the sea.")
     assert code == EXIT_INCOMPLETE and out.strip()

@@ -34,6 +34,7 @@ from typing import Any
 import lark
 import pytest
 
+from cdsl_struct.keywords import SENTENCE
 from cdsl_struct.streaming import TextStream
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -125,7 +126,9 @@ def check_generate(ns: dict[str, Any], values: Values) -> None:
     assert date.finish_reason == "stop" and re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", date.value)
     assert values.of('cs.generate("Is it positive?"') in ("yes", "no")
     assert isinstance(values.of('grammar="arithmetic"'), lark.Tree)  # "a lark.Tree"
-    assert values.of("keywords=").method == "cdsl"  # "CDSL, keyword-steered"
+    text, report = values.of("r4.text, r4.keywords")  # "one finished sentence", every word covered
+    assert ns["r4"].method == "cdsl" and ns["r4"].complete and re.fullmatch(SENTENCE.pattern, text)
+    assert report.covered == ("dog", "ride", "walk") and not report.missing
     calls = values.of("tools=[get_weather]")
     assert calls and all(isinstance(c, cs.ToolCall) for c in calls) and calls[0].name == "get_weather"
     assert [type(r) for r in values.of('gen.generate_batch(["prompt 1", "prompt 2"]')] == [cs.Result] * 2

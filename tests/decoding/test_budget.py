@@ -274,3 +274,23 @@ def test_calls_the_model_keeps_writing_close_in_its_format(gen, name):
     assert len(result.tokens) <= 60 and result.finish_reason == "length"
     assert result.complete and result.closed_by_budget and result.tool_calls, result.text
     assert all(call.name == "get_weather" and "city" in call.arguments for call in result.tool_calls)
+
+
+def test_a_sentence_closes_at_its_end_in_one_token(smollm2):
+    """In a sentence ``"`` and ``,`` are allowed anywhere and end nothing: the prose order tries a
+    sentence's end first, where JSON's order never finds one within its nodes."""
+    from cdsl_struct.keywords import SENTENCE
+
+    compiled = cs.compile(SENTENCE, smollm2.tokenizer, eos_token_ids=smollm2.eos_token_ids)
+    state = compiled.new_state()
+    state.advance(smollm2.tokenizer.encode("The dog rode home, then", add_special_tokens=False))
+    assert shortest_completion(state, 24, closing_order(compiled.vocabulary, compiled.vocab_size)) is None
+    completion = shortest_completion(state, 24, closing_order(compiled.vocabulary, compiled.vocab_size, prose=True))
+    assert compiled.vocabulary.decode(completion) == b"."
+
+
+def test_a_keyword_sentence_cut_by_the_budget_is_closed_as_a_sentence(gen):
+    result = gen.generate("Write a long sentence about a dog.", keywords=["dog", "walk"], max_tokens=10)
+    assert result.closed_by_budget and result.complete and result.finish_reason == "length"
+    assert result.text.endswith((".", "!", "?")) and len(result.tokens) <= 10
+    assert result.value == result.text

@@ -382,3 +382,43 @@ def test_keyword_rows_never_write_a_block_three_times(setup, method):
     guarded = decode(target, compiled, PROMPT, max_tokens=16, strategy=strategy(SENTENCE_GUARD))
     assert re.fullmatch("[a-h]{2,16}", guarded.text) and not _thrice(guarded.tokens)
     assert guarded.stats.loop_guarded > 0
+
+
+class LosesOn(Reward):
+    """Pays 1 until ``letter`` is written and nothing after (a list of keywords, in miniature);
+    ``says_failed``: whether it tells decoders so (``Reward.failed``) before the text ends."""
+
+    earned_by_end = True
+
+    def __init__(self, letter: str, says_failed: bool) -> None:
+        self.letter, self.says_failed = letter, says_failed
+
+    def score(self, text, *, final):
+        return 0.0 if self.letter in text else 1.0
+
+    def failed(self, text):
+        return self.says_failed and self.letter in text
+
+
+def test_cdsl_turns_back_at_the_token_that_loses_the_reward(setup):
+    compiled, _, draft = setup
+    target = ModelRunner(tiny_model(3))
+    plain = decode(target, compiled, PROMPT, max_tokens=8).text
+    letter = max(set(plain), key=plain.count)  # the target's own favourite
+    for commit in ("steered", "prefix", "lookahead"):
+        told = LosesOn(letter, says_failed=True)
+        # the fallback judges each candidate by itself (d 0): a roll-out of this target writes the letter
+        cdsl = CDSL(GuidedDraft(draft.runner, told), told, d=3, commit=commit, cdlh=CDLH(told, k=3, d=0, lam=50.0))
+        result = decode(target, compiled, PROMPT, max_tokens=8, strategy=cdsl)
+        assert re.fullmatch(PATTERN, result.text) and letter not in result.text
+    # judged only on endings and never told, the reward sees the letter when it is too late
+    untold = LosesOn(letter, says_failed=False)
+    cdsl = CDSL(GuidedDraft(draft.runner, untold), untold, d=3, cdlh=CDLH(untold, k=3, d=2))
+    assert letter in decode(target, compiled, PROMPT, max_tokens=8, strategy=cdsl).text
+
+
+def test_optimism_is_not_credited_to_a_text_that_has_lost_the_reward():
+    budget = SimpleNamespace(max_tokens=10, answer_of=lambda tokens: "x" * len(tokens))
+    lost = LosesOn("x", says_failed=True)
+    assert optimistic_reward(budget, lost, [1], ended=False, optimism=1.0) == 0.0
+    assert optimistic_reward(budget, LosesOn("x", says_failed=False), [1], ended=False, optimism=1.0) == 0.9

@@ -13,6 +13,7 @@ from cdsl_struct.rewards import (
     RewardError,
     SchemaProgress,
     WeightedMean,
+    list_shaped,
 )
 
 
@@ -115,3 +116,39 @@ def test_keyword_coverage_names_the_forms_of_words_at_their_limit_as_spent():
     merged = MinReward([reward, KeywordCoverage(["dog"], max_repeats=1)]).spent("a dog")
     assert len(merged) == len(set(merged)) and "dogs" in merged
     assert WeightedMean([reward]).spent("dog, dog") == reward.spent("dog, dog")
+
+
+@pytest.mark.parametrize(("text", "final", "shaped"), [
+    ("Jockey, horse, race, ride.", True, True),
+    ("Sit, a card, a floor, a shuffle, a sit.", True, True),
+    ("The car, gas, pump, station, a classic scene.", True, True),
+    ("He bought eggs, milk, and bread at the store.", True, False),
+    ("Red, white, and blue flags waved.", True, False),
+    ("After the race, the jockey rode his horse home, tired but happy.", True, False),
+    ("Jockey, horse, race", True, True),
+    ("Jockey, horse, race", False, False),  # the last piece is still being written
+    ("Jockey, horse, race,", False, True),
+])
+def test_a_list_of_words_is_told_from_a_sentence(text, final, shaped):
+    assert list_shaped(text, final=final) is shaped
+
+
+def test_no_lists_pays_nothing_for_a_list_and_says_when_it_is_lost():
+    plain = KeywordCoverage(["jockey", "horse", "race"])
+    strict = KeywordCoverage(["jockey", "horse", "race"], no_lists=True)
+    listed, sentence = "Jockey, horse, race.", "The jockey rode his horse in the race."
+    assert plain(listed, final=True) == 1.0 and strict(listed, final=True) == 0.0
+    assert strict(sentence, final=True) == 1.0
+    assert not strict.failed("Jockey, horse") and strict.failed("Jockey, horse, race,")
+    assert not plain.failed("Jockey, horse, race,")
+    assert strict.earned_by_end  # still judged on endings: a missing word may come later
+
+
+def test_combined_rewards_fail_as_their_rule_says():
+    strict = KeywordCoverage(["a"], no_lists=True)
+    never = CallableReward(lambda text: 1.0)
+    listed = "Dog, cat, bird,"
+    assert not never.failed(listed)
+    assert MinReward([strict, never]).failed(listed)  # one part lost: the minimum is lost
+    assert not WeightedMean([strict, never]).failed(listed)  # the mean can still earn the other part
+    assert WeightedMean([strict, strict]).failed(listed)

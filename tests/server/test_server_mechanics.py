@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from cdsl_struct.errors import CompileTimeout, GrammarSyntaxError, InvalidSchema, RollbackError, UnsupportedFeature
+from cdsl_struct.keywords import Keywords
 from cdsl_struct.params import GenerationParams
 from cdsl_struct.result import Result
 from cdsl_struct.tools import ToolCall
@@ -103,7 +104,9 @@ class FakeGenerator:
         else:
             asked = {k: v for k, v in kwargs.items() if k not in ("tools", "compile_timeout")}
             body = json.dumps({"prompt": text, **asked})
-            result = Result(text=body, tokens=list(range(5)), finish_reason="stop", complete=True, value=None)
+            report = Keywords.of(kwargs["keywords"]).report(text) if "keywords" in kwargs else None
+            result = Result(text=body, tokens=list(range(5)), finish_reason="stop", complete=True, value=None,
+                            keywords=report)
         result = replace(result, prompt_tokens=len(text.split()) + 2)
         if not stream:
             return result
@@ -151,6 +154,22 @@ def fake():
 def chat(client, content, **kwargs):
     return client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": content}],
                                           **kwargs)
+
+
+def test_keyword_requests_pass_their_options_and_each_choice_reports_the_words(fake):
+    generator, base_url = fake
+    client = client_for(base_url)
+    asked = {"words": ["hi", "zebra"], "form": "text", "name": False}
+    answer = chat(client, "hi", extra_body={"keywords": asked})
+    assert json.loads(answer.choices[0].message.content)["keywords"] == asked
+    assert answer.choices[0].model_extra["keywords"] == {"covered": ["hi"], "missing": ["zebra"]}  # of the prompt
+    with client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "hi"}],
+                                        stream=True, extra_body={"keywords": ["zebra"]}) as stream:
+        last = [chunk for chunk in stream][-1]
+    assert last.choices[0].finish_reason == "stop"
+    assert last.choices[0].model_extra["keywords"] == {"covered": [], "missing": ["zebra"]}
+    plain = chat(client, "hi")
+    assert "keywords" not in plain.choices[0].model_extra
 
 
 def test_request_translation(fake):

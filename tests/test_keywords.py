@@ -1,0 +1,97 @@
+"""A keyword request without a model: its options, the instruction naming the words, the answer's
+form, the coverage report."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from cdsl_struct.arguments import read_arguments
+from cdsl_struct.errors import InvalidArgument
+from cdsl_struct.keywords import PARAGRAPH, SENTENCE, KeywordReport, Keywords, named_prompt
+
+
+def test_a_list_a_dict_or_a_request_make_the_same_request():
+    plain = Keywords.of(["dog", " ride "])
+    assert plain == Keywords(("dog", "ride"))
+    assert Keywords.of({"words": ["dog", "ride"]}) == plain
+    assert Keywords.of(plain) is plain
+    assert Keywords.of(None) is None
+    options = Keywords.of({"words": ["dog"], "name": False, "form": "text", "max_repeats": 1, "no_lists": False})
+    assert (options.name, options.form, options.max_repeats, options.no_lists) == (False, "text", 1, False)
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("dog", "list of words"), ([], "list of words"), (["dog", ""], "list of words"), ([3], "list of words"),
+    ({"words": ["dog"], "colour": "red"}, "unknown keyword option"), ({"name": True}, "needs its words"),
+    ({"words": ["dog"], "form": "poem"}, "form must be one of"), ({"words": ["dog"], "name": "yes"}, "true or false"),
+    ({"words": ["dog"], "max_repeats": 0}, "max_repeats"),
+])
+def test_bad_keyword_requests_are_refused_naming_the_argument(value, message):
+    with pytest.raises(InvalidArgument, match=message) as caught:
+        Keywords.of(value)
+    assert caught.value.param == "keywords"
+
+
+def test_the_instruction_names_the_words_only_where_the_message_lacks_one():
+    request = Keywords(("dog", "ride", "walk"))
+    assert request.instruction("Write a sentence.") == "Use all of these words in one sentence: dog, ride, walk."
+    assert request.instruction("Write about a dog who rode home.") is not None  # walk is missing
+    assert request.instruction("The dogs rode and walked.") is None  # inflections name them
+    assert Keywords(("dog",), name=False).instruction("Write a sentence.") is None
+    assert Keywords(("field_N", "look_V")).instruction("Hi.").endswith("field, look.")  # CommonGen's tags dropped
+
+
+def test_the_instruction_goes_to_the_last_user_message():
+    request = Keywords(("dog", "walk"))
+    assert named_prompt("Write a sentence. ", request) == \
+        "Write a sentence.\n\nUse all of these words in one sentence: dog, walk."
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello."},
+                {"role": "assistant", "content": "Hi."}, {"role": "user", "content": "Describe a scene."}]
+    named = named_prompt(messages, request)
+    assert named[:3] == messages[:3] and messages[3]["content"] == "Describe a scene."  # the caller's list is kept
+    assert named[3] == {"role": "user", "content": "Describe a scene.\n\nUse all of these words in one sentence: "
+                                                   "dog, walk."}
+    assert named_prompt([{"role": "user", "content": "A dog went for a walk."}], request)[0]["content"] == \
+        "A dog went for a walk."
+    only_system = [{"role": "system", "content": "x"}]
+    assert named_prompt(only_system, request) is only_system
+
+
+def test_the_report_says_which_words_the_answer_holds_in_the_order_given():
+    report = Keywords(("walk", "Dog", "ride")).report("The dogs walked home.")
+    assert report == KeywordReport(covered=("walk", "Dog"), missing=("ride",))
+    assert not report.complete
+    assert report.as_dict() == {"covered": ["walk", "Dog"], "missing": ["ride"]}
+    assert Keywords(("dog",)).report("Dogs bark.").complete
+
+
+@pytest.mark.parametrize(("text", "sentence", "paragraph"), [
+    ("She rode her dog to the park.", True, True),
+    ("The price was 3.5 dollars, a lot!", True, True),
+    ("A recipe for a dish.add, butter.", False, False),
+    ('"Walk the dog," she said.', True, True),
+    ("Is it raining?", True, True),
+    ("One sentence. Another one.", False, True),
+    ("no capital here.", False, False),
+    ("No ending", False, False),
+    ("Two lines.\nHere.", False, False),
+    ("One.  Two spaces.", False, False),
+])
+def test_the_sentence_form_is_one_finished_sentence_on_one_line(text, sentence, paragraph):
+    assert bool(re.fullmatch(SENTENCE.pattern, text)) is sentence
+    assert bool(re.fullmatch(PARAGRAPH.pattern, text)) is paragraph
+
+
+def test_keywords_alone_answer_in_their_form_and_any_constraint_replaces_it():
+    assert read_arguments(keywords=["dog"]).spec == SENTENCE
+    assert read_arguments(keywords={"words": ["dog"], "form": "paragraph"}).spec == PARAGRAPH
+    assert read_arguments(keywords={"words": ["dog"], "form": "text"}).spec is None
+    assert read_arguments(keywords=["dog"], regex="[a-z]+").spec.pattern == "[a-z]+"
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    assert read_arguments(keywords=["dog"], tools=[tool]).spec is None
+    read = read_arguments(keywords=["dog", "walk"])
+    assert read.keywords == Keywords(("dog", "walk"))
+    assert read.reward.no_lists and read.reward.max_repeats == 2
+    assert read_arguments(regex="[a-z]+").keywords is None
