@@ -57,6 +57,7 @@ from .errors import (
     UnsupportedTokenizer,
 )
 from .integrations import outlines_types as _outlines_types  # noqa: F401 - registers its converter with as_spec
+from .keywords import KeywordReport, Keywords
 from .options import Method
 from .params import GenerationParams
 from .result import Result
@@ -93,6 +94,8 @@ __all__ = [
     "InvalidToken",
     "InvalidToolCall",
     "JsonSchema",
+    "KeywordReport",
+    "Keywords",
     "MatcherError",
     "Method",
     "ModelNotFound",

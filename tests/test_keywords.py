@@ -36,7 +36,7 @@ def test_bad_keyword_requests_are_refused_naming_the_argument(value, message):
 
 def test_the_instruction_names_the_words_only_where_the_message_lacks_one():
     request = Keywords(("dog", "ride", "walk"))
-    assert request.instruction("Write a sentence.") == "Use all of these words in one sentence: dog, ride, walk."
+    assert request.instruction("Write a sentence.") == "Write one sentence that uses the words dog, ride, walk."
     assert request.instruction("Write about a dog who rode home.") is not None  # walk is missing
     assert request.instruction("The dogs rode and walked.") is None  # inflections name them
     assert Keywords(("dog",), name=False).instruction("Write a sentence.") is None
@@ -46,12 +46,12 @@ def test_the_instruction_names_the_words_only_where_the_message_lacks_one():
 def test_the_instruction_goes_to_the_last_user_message():
     request = Keywords(("dog", "walk"))
     assert named_prompt("Write a sentence. ", request) == \
-        "Write a sentence.\n\nUse all of these words in one sentence: dog, walk."
+        "Write a sentence.\n\nWrite one sentence that uses the words dog, walk."
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello."},
                 {"role": "assistant", "content": "Hi."}, {"role": "user", "content": "Describe a scene."}]
     named = named_prompt(messages, request)
     assert named[:3] == messages[:3] and messages[3]["content"] == "Describe a scene."  # the caller's list is kept
-    assert named[3] == {"role": "user", "content": "Describe a scene.\n\nUse all of these words in one sentence: "
+    assert named[3] == {"role": "user", "content": "Describe a scene.\n\nWrite one sentence that uses the words "
                                                    "dog, walk."}
     assert named_prompt([{"role": "user", "content": "A dog went for a walk."}], request)[0]["content"] == \
         "A dog went for a walk."
