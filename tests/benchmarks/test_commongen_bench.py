@@ -79,6 +79,16 @@ def test_metrics_have_known_values_on_a_fixed_case():
     assert metrics["bleu"] == pytest.approx(100.0) and metrics["rouge_l"] == pytest.approx(1.0)  # refs = texts
 
 
+def test_word_lists_are_counted_both_ways():
+    concepts = ["jockey_N", "horse_N", "race_N", "ride_V"]
+    rows = [record(concepts, "Jockey, horse, race, ride.", nll=1.0, wall=1.0, passes=4),
+            record(concepts, "Jockey, horse, race and ride.", nll=1.0, wall=1.0, passes=4),
+            record(concepts, "The jockey rode his horse in the race.", nll=1.0, wall=1.0, passes=4)]
+    metrics = method_metrics(rows, max_repeats=2)
+    assert metrics["word_lists"] == 1  # three commas: issue 54's count
+    assert metrics["list_shaped"] == 2  # the reward's own test sees "race and ride" as an item too
+
+
 def test_nll_splits_into_keyword_tokens_and_the_others():
     reward = KeywordCoverage(["dog_N", "catch_V"])
     pieces = ["The", " dog", " ca", "ught", " a", " frisbee", "."]
