@@ -368,7 +368,7 @@ def test_stop_string_ends_where_the_constraint_accepts(gen):
 
 
 def test_keyword_rows_end_at_stop_strings_like_any_row(gen):
-    kwargs = dict(keywords=["dog", "park"], method="cdlh", max_tokens=20)
+    kwargs = dict(keywords={"words": ["dog", "park"], "form": "text"}, method="cdlh", max_tokens=20)  # free text
     whole = gen.generate("Write two sentences about a dog in a park.", **kwargs)
     assert "." in whole.text[:-1], whole.text  # more than one sentence, so a stop at "." cuts it
     cut = gen.generate("Write two sentences about a dog in a park.", stop=["."], **kwargs)
