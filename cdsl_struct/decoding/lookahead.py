@@ -485,10 +485,11 @@ class CDSL:
         """The index of the first of ``tokens`` after which the output has lost the reward for good
         (``Reward.failed``: a list of the keywords, say), None where none does or the output had
         lost it before them (then nothing is left to save)."""
-        if self.reward.failed(session.answer_of(session.output)):
-            return None
-        return next((i for i in range(len(tokens))
-                     if self.reward.failed(session.answer_of(session.output + tokens[:i + 1]))), None)
+        failed = self.reward.failed
+        if not tokens or not failed(session.answer_of(session.output + tokens)) \
+                or failed(session.answer_of(session.output)):
+            return None  # a lost text stays lost, so one with all of tokens not lost has no lost prefix
+        return next(i for i in range(len(tokens)) if failed(session.answer_of(session.output + tokens[:i + 1])))
 
     def _target_token(self, session: Session, choice: torch.Tensor, allow_ending: bool = False) -> list[int]:
         """Commit the target's own next token (``choice``: its masked logits); unless ``allow_ending``,
