@@ -21,11 +21,12 @@ from .rewards import KeywordCoverage
 MAX_REPEATS = 2
 """Each keyword may appear this often before repeats lower the reward (stuffing never scores)."""
 
-_SENTENCE = r"""[A-Z0-9"'(](?:[^\n.!?]|[.!?]+[0-9])*[.!?]+["')]?"""
+_NUMBER = r"[0-9]+(?:\.[0-9]+)?"
+_SENTENCE = rf"""(?:[A-Z"'(]|{_NUMBER})(?:[^\n.!?0-9]|{_NUMBER})*[.!?]+["')]?"""
 SENTENCE = Regex(_SENTENCE)
-"""One sentence on one line: it opens with a capital, digit, quote or parenthesis and ends at its
-first ``.``, ``!`` or ``?`` not followed by a digit ("3.5" stays inside; "Mr. Smith" and
-"e.g. this" would end it, and so would "dish.add" and "sit.com", which a small model glues)."""
+"""One sentence on one line: it opens with a capital, a number, a quote or a parenthesis and ends
+at its first ``.``, ``!`` or ``?`` that is not a number's decimal point ("3.5" stays inside;
+"Mr. Smith", "e.g. this" and the "dish.add" or "ball.1.1" a small model glues would end it)."""
 PARAGRAPH = Regex(f"{_SENTENCE}(?: {_SENTENCE})*")
 """Sentences separated by single spaces, on one line."""
 FORMS: dict[str, Regex | None] = {"sentence": SENTENCE, "paragraph": PARAGRAPH, "text": None}

@@ -415,6 +415,23 @@ def test_keywords_get_a_self_draft_that_runs_on_the_target_device(smollm2):
         assert runner.self_draft(smollm2.model, cdsl_self_draft("cuda:0")).dtype == torch.bfloat16
 
 
+def test_cdsl_drafts_on_the_generators_draft_model_when_it_has_one(smollm2, one_torch_thread):
+    """A draft model given to the Generator (here the target's first layers; any model with the
+    target's tokenizer) is the draft CDSL steers and verifies; only without one does CDSL make a
+    self-draft."""
+    from cdsl_struct.decoding import DraftModelProposer
+
+    gen = cs.Generator(smollm2, draft="layers:4")
+    try:
+        (proposer,) = [p for p in gen.proposers if isinstance(p, DraftModelProposer)]
+        result = gen.generate("Write a sentence.", keywords=["dog"], max_tokens=12)
+        assert result.method == "cdsl" and result.stats.draft_passes > 0
+        assert gen._cdsl_draft_runner() is proposer.runner
+        assert len(proposer.runner.model.model.layers) == 4
+    finally:
+        gen.close()
+
+
 def test_methods_are_an_enum_that_takes_their_names():
     from cdsl_struct import Method
 

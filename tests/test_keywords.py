@@ -71,6 +71,8 @@ def test_the_report_says_which_words_the_answer_holds_in_the_order_given():
     ("She rode her dog to the park.", True, True),
     ("The price was 3.5 dollars, a lot!", True, True),
     ("A recipe for a dish.add, butter.", False, False),
+    ("A juggling ball.1.1.1.", False, False),
+    ("3.5 dollars, 12 cents.", True, True),
     ('"Walk the dog," she said.', True, True),
     ("Is it raining?", True, True),
     ("One sentence. Another one.", False, True),
