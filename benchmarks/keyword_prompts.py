@@ -56,13 +56,16 @@ class KeywordPromptsConfig:
     max_tokens: int = 48
     model: str = "smollm2"
     draft: str | None = "auto"
+    naming: str | None = None
+    """The library's naming sentence (``Keywords.instruction``; None: its default), for choosing it."""
 
 
-def request(condition: str, instruction: str, words: list[str]) -> tuple[str, Keywords]:
-    """The prompt and keyword request of one concept set under ``condition``."""
+def request(condition: str, instruction: str, words: list[str], naming: str | None = None) -> tuple[str, Keywords]:
+    """The prompt and keyword request of one concept set under ``condition`` (``naming``: the
+    library's naming sentence, None for its default)."""
     if condition == "named":
         return f"{instruction}\n\n{PROMPT.format(words=', '.join(words))}", Keywords(tuple(words))
-    return instruction, Keywords(tuple(words), name=condition == "unnamed")
+    return instruction, Keywords(tuple(words), name=condition == "unnamed", instruction=naming)
 
 
 def run_keyword_prompts(config: KeywordPromptsConfig, progress: bool = True) -> dict[str, Any]:
@@ -77,7 +80,7 @@ def run_keyword_prompts(config: KeywordPromptsConfig, progress: bool = True) -> 
             words = [c.split("_")[0] for c in case["concepts"]]
             instruction = INSTRUCTIONS[index % len(INSTRUCTIONS)]
             for condition in config.conditions:
-                prompt, keywords = request(condition, instruction, words)
+                prompt, keywords = request(condition, instruction, words, config.naming)
                 started = time.perf_counter()
                 result = gen.generate(prompt, keywords=keywords, max_tokens=config.max_tokens)
                 wall = time.perf_counter() - started
@@ -141,6 +144,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--draft", default="auto", help="the Generator's draft (default auto)")
+    parser.add_argument("--naming", default=None, metavar="TEXT",
+                        help="the library's naming sentence, {words} where the words go (default: its own)")
     parser.add_argument("--json", dest="json_out", help="write the report here")
 
 
@@ -152,6 +157,6 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"unknown condition(s) {sorted(unknown)}; choose from {', '.join(CONDITIONS)}")
     config = KeywordPromptsConfig(data=args.data, limit=args.limit, seed=args.seed, split=args.split,
                                   conditions=conditions, max_tokens=args.max_tokens, model=args.model,
-                                  draft=None if args.draft == "none" else args.draft)
+                                  draft=None if args.draft == "none" else args.draft, naming=args.naming)
     report = run_keyword_prompts(config)
     return write_report(report, format_table(report), args)

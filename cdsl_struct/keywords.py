@@ -66,7 +66,9 @@ class Keywords:
     (one sentence, ``SENTENCE``), ``"paragraph"`` (sentences on one line) or ``"text"`` (free
     text); a ``schema``, ``regex``, ``choices``, ``grammar`` or ``tools`` replaces it.
     ``max_repeats``: occurrences of a word that still earn reward. ``no_lists``: a list of the
-    words ("Dog, ride, walk.") earns nothing, so the steering prefers sentences.
+    words ("Dog, ride, walk.") earns nothing, so the steering prefers sentences. ``instruction``:
+    the sentence that names the words, with ``{words}`` where they go (default: the form's own,
+    "Write one sentence that uses the words {words}." for a sentence).
     """
 
     words: tuple[str, ...]
@@ -74,6 +76,7 @@ class Keywords:
     form: str = "sentence"
     max_repeats: int = MAX_REPEATS
     no_lists: bool = True
+    instruction: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.words, (str, bytes)) or not self.words or \
@@ -85,6 +88,10 @@ class Keywords:
                                   param="keywords")
         if not isinstance(self.max_repeats, int) or self.max_repeats < 1:
             raise InvalidArgument(f"max_repeats must be an integer >= 1, got {self.max_repeats!r}", param="keywords")
+        if self.instruction is not None and (not isinstance(self.instruction, str)
+                                                  or "{words}" not in self.instruction):
+            raise InvalidArgument("a keyword instruction must be text with {words} where the words go",
+                                  param="keywords")
 
     @classmethod
     def of(cls, value: Any) -> Keywords | None:
@@ -93,7 +100,7 @@ class Keywords:
         if value is None or isinstance(value, Keywords):
             return value
         if isinstance(value, dict):
-            unknown = set(value) - {"words", "name", "form", "max_repeats", "no_lists"}
+            unknown = set(value) - {"words", "name", "form", "max_repeats", "no_lists", "instruction"}
             if unknown:
                 raise InvalidArgument(f"unknown keyword option(s): {', '.join(sorted(unknown))}", param="keywords")
             if "words" not in value:
@@ -118,7 +125,7 @@ class Keywords:
         """The hard constraint of the form (None: free text)."""
         return FORMS[self.form]
 
-    def instruction(self, message: str) -> str | None:
+    def naming(self, message: str) -> str | None:
         """The sentence to append to the user's ``message`` naming the words it lacks (None: it
         names them all, or naming is off)."""
         if not self.name:
@@ -126,7 +133,8 @@ class Keywords:
         coverage = KeywordCoverage(self.words)
         if not coverage.missing(message):
             return None
-        return _INSTRUCTIONS[self.form].format(words=", ".join(coverage.words))
+        template = self.instruction if self.instruction is not None else _INSTRUCTIONS[self.form]
+        return template.replace("{words}", ", ".join(coverage.words))
 
     def report(self, text: str) -> KeywordReport:
         """Which words ``text`` holds."""
@@ -140,13 +148,13 @@ def named_prompt(prompt: Any, keywords: Keywords) -> Any:
     """``prompt`` (a string or a list of messages) with the instruction naming ``keywords`` appended
     to its last user message, where it needs one; otherwise ``prompt`` as it is."""
     if isinstance(prompt, str):
-        instruction = keywords.instruction(prompt)
+        instruction = keywords.naming(prompt)
         return prompt if instruction is None else f"{prompt.rstrip()}\n\n{instruction}"
     messages = list(prompt)
     for index in range(len(messages) - 1, -1, -1):
         message = messages[index]
         if isinstance(message, dict) and message.get("role") == "user" and isinstance(message.get("content"), str):
-            instruction = keywords.instruction(message["content"])
+            instruction = keywords.naming(message["content"])
             if instruction is not None:
                 messages[index] = {**message, "content": f"{message['content'].rstrip()}\n\n{instruction}"}
             return messages

@@ -18,8 +18,10 @@ def test_a_list_a_dict_or_a_request_make_the_same_request():
     assert Keywords.of({"words": ["dog", "ride"]}) == plain
     assert Keywords.of(plain) is plain
     assert Keywords.of(None) is None
-    options = Keywords.of({"words": ["dog"], "name": False, "form": "text", "max_repeats": 1, "no_lists": False})
-    assert (options.name, options.form, options.max_repeats, options.no_lists) == (False, "text", 1, False)
+    options = Keywords.of({"words": ["dog"], "name": False, "form": "text", "max_repeats": 1, "no_lists": False,
+                           "instruction": "Say {words}."})
+    assert (options.name, options.form, options.max_repeats, options.no_lists, options.instruction) == \
+        (False, "text", 1, False, "Say {words}.")
 
 
 @pytest.mark.parametrize(("value", "message"), [
@@ -27,6 +29,7 @@ def test_a_list_a_dict_or_a_request_make_the_same_request():
     ({"words": ["dog"], "colour": "red"}, "unknown keyword option"), ({"name": True}, "needs its words"),
     ({"words": ["dog"], "form": "poem"}, "form must be one of"), ({"words": ["dog"], "name": "yes"}, "true or false"),
     ({"words": ["dog"], "max_repeats": 0}, "max_repeats"),
+    ({"words": ["dog"], "instruction": "Use them."}, "{words}"),
 ])
 def test_bad_keyword_requests_are_refused_naming_the_argument(value, message):
     with pytest.raises(InvalidArgument, match=message) as caught:
@@ -36,11 +39,12 @@ def test_bad_keyword_requests_are_refused_naming_the_argument(value, message):
 
 def test_the_instruction_names_the_words_only_where_the_message_lacks_one():
     request = Keywords(("dog", "ride", "walk"))
-    assert request.instruction("Write a sentence.") == "Write one sentence that uses the words dog, ride, walk."
-    assert request.instruction("Write about a dog who rode home.") is not None  # walk is missing
-    assert request.instruction("The dogs rode and walked.") is None  # inflections name them
-    assert Keywords(("dog",), name=False).instruction("Write a sentence.") is None
-    assert Keywords(("field_N", "look_V")).instruction("Hi.").endswith("field, look.")  # CommonGen's tags dropped
+    assert request.naming("Write a sentence.") == "Write one sentence that uses the words dog, ride, walk."
+    assert request.naming("Write about a dog who rode home.") is not None  # walk is missing
+    assert request.naming("The dogs rode and walked.") is None  # inflections name them
+    assert Keywords(("dog",), name=False).naming("Write a sentence.") is None
+    assert Keywords(("field_N", "look_V")).naming("Hi.").endswith("field, look.")  # CommonGen's tags dropped
+    assert Keywords(("dog", "walk"), instruction="Mention {words}!").naming("Hi.") == "Mention dog, walk!"
 
 
 def test_the_instruction_goes_to_the_last_user_message():

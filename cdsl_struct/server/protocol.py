@@ -229,7 +229,8 @@ class _GenerationRequest(_Model):
     choices: list[str] | None = Field(default=None, min_length=1)
     keywords: list[str] | dict[str, Any] | None = None
     """Words the answer should hold (``generate(keywords=)``): a list, or ``{"words": [...], "name":
-    bool, "form": "sentence" | "paragraph" | "text"}``; each choice reports ``keywords``:
+    bool, "form": "sentence" | "paragraph" | "text", "instruction": "... {words} ..."}``
+    (``Keywords``' fields); each choice reports ``keywords``:
     ``{"covered": [...], "missing": [...]}``."""
     method: str | None = None
     on_budget: str | None = None

@@ -16,10 +16,10 @@ def test_each_condition_asks_as_it_says():
     words = ["dog", "walk"]
     prompt, keywords = request("named", "Write a sentence.", words)
     assert prompt == "Write a sentence.\n\n" + PROMPT.format(words="dog, walk") and keywords.name
-    assert keywords.instruction(prompt) is None  # the user named them: the library adds nothing
+    assert keywords.naming(prompt) is None  # the user named them: the library adds nothing
     assert request("unnamed", "Write a sentence.", words) == ("Write a sentence.", Keywords(("dog", "walk")))
     assert request("off", "Write a sentence.", words) == ("Write a sentence.", Keywords(("dog", "walk"), name=False))
-    assert not any(Keywords(("dog",)).instruction(text) is None for text in INSTRUCTIONS)  # none names a word
+    assert not any(Keywords(("dog",)).naming(text) is None for text in INSTRUCTIONS)  # none names a word
 
 
 def test_the_summary_counts_coverage_finished_and_lists():
