@@ -162,6 +162,7 @@ class BatchEngine:
             running, waiting = len(self.scheduler.running), len(self.scheduler.waiting)
         prefixes = self.runner.prefixes
         compiled = getattr(self.runner, "compiled", None)
+        graphs = getattr(self.runner, "graphs", None)
         return EngineLoad(running, waiting, self.scheduler.max_batch_size,
                           self.stats.rows_stepped / max(1, self.stats.steps), prefixes.bytes if prefixes else 0,
                           self.stats.steps, self.stats.forward_seconds, self.stats.prefill_seconds,
@@ -169,7 +170,9 @@ class BatchEngine:
                           self.runner.attended_valid / max(1, self.runner.attended_slots),
                           compiled.steps if compiled is not None else 0,
                           compiled is not None and compiled.active, getattr(self.runner, "fallback_reason", None),
-                          bool(getattr(self.runner, "ragged", False)))
+                          bool(getattr(self.runner, "ragged", False)), hasattr(self.runner, "static_off"),
+                          len(graphs.graphs) if graphs is not None else 0, graphs.replays if graphs is not None else 0,
+                          getattr(self.runner, "static_off", None) or getattr(self.runner, "graphs_off", None))
 
     # --- background loop ----------------------------------------------------------------------
 

@@ -77,4 +77,13 @@ class EngineLoad:
     """Why the target runs on the padded runner although the ragged one was wanted (the ragged
     runner failed its load-time self-check: ``models.self_check``), or None."""
     ragged_runner: bool = False
-    """Whether the target runs on the ragged runner (else the padded one)."""
+    """Whether the target runs on the ragged runner or the graph runner (else the padded one)."""
+    static_runner: bool = False
+    """Whether the target runs on the static-shape ``GraphRunner`` (``runners``)."""
+    cuda_graphs: int = 0
+    """CUDA graphs the graph runner replays its steps from (0: none captured, or they were dropped)."""
+    graph_replays: int = 0
+    """Steps replayed from those graphs since start."""
+    graphs_off: str | None = None
+    """Why the graph runner runs without graphs or without static steps (a failed capture or
+    self-check, a row that outgrew its cache), or None."""

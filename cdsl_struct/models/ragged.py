@@ -156,8 +156,12 @@ class RaggedRunner:
                 self.order[slot] = moved
             self.order.pop()
             del self.tokens[row]
-        if not self.order:  # an idle runner holds no cache
-            self.cache = SlotCache(len(self.cache.keys))
+        if not self.order:
+            self._idle()
+
+    def _idle(self) -> None:
+        """The last row left: an idle runner holds no cache."""
+        self.cache = SlotCache(len(self.cache.keys))
 
     @torch.inference_mode()
     def fork(self, pairs: Sequence[tuple[Hashable, Hashable]]) -> None:

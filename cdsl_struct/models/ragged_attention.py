@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from ..errors import CdslError
+from ..runners.attention import STEP_KEYWORD, static_attention
 from .attention import DECODE_ATTENTION, decode_attention, ragged_step, row_attention
 from .ragged_plan import StepPlan
 
@@ -151,8 +152,11 @@ def supports_ragged(model: Any) -> bool:
 def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
               attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
               **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """The ``RAGGED_ATTENTION`` implementation (transformers' signature): ``ragged_attention`` in a
-    ragged step, ``decode_attention`` otherwise."""
+    """The ``RAGGED_ATTENTION`` implementation (transformers' signature): ``static_attention`` in a
+    static step (``runners``), ``ragged_attention`` in a ragged step, ``decode_attention`` otherwise."""
+    static = kwargs.get(STEP_KEYWORD)
+    if static is not None:
+        return static_attention(module, query, key, value, static, scaling), None
     # a compiled step's forward (``models.compiled``): traced, or any part of it dynamo runs eagerly
     compiling = torch.compiler.is_dynamo_compiling() or getattr(_step, "cache", None) is not None
     if not compiling and getattr(_step, "plan", None) is None:  # a forward outside a ragged step

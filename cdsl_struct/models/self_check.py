@@ -1,15 +1,16 @@
 """A runner checked against the model's own forward before it serves a request.
 
-The ragged runner replaces the model's attention and cache with its own (``models.ragged``); a
-bug of that path on one device or torch version (the CUDA crash of torch 2.11's SDPA with a mask
-and ``enable_gqa``, say) would otherwise reach every request. Once per model, ``batch_runner``
-feeds three rows through a throwaway ragged runner the way the engine does (prompts joining
-together, a decode step, speculation and a long feed after held positions; rows that attend grouped
-and row by row) and compares every kept position with
-the model's plain forward over the same sequence: the same argmax wherever the reference's top two
-are apart by more than the tolerance, and logits within it. A mismatch or an error picks the
-padded ``BatchRunner``, says why in the log, and the runner carries the reason
-(``fallback_reason``: the engine's ``load()`` and the server's ``/metrics`` report it).
+The static-shape and ragged runners replace the model's attention and cache with their own
+(``runners``, ``models.ragged``); a bug of that path on one device or torch version (the CUDA
+crash of torch 2.11's SDPA with a mask and ``enable_gqa``, say) would otherwise reach every
+request. ``batch_runner`` feeds three rows through the runner the way the engine does (prompts
+joining together, a decode step, speculation and a long feed after held positions; on the graph
+runner: prefill and decode steps, through its graphs) and compares every kept position with the
+model's plain forward over the same sequence: the same argmax wherever the reference's top two are
+apart by more than the tolerance, and logits within it. A mismatch or an error falls back (graphs
+off, then the ragged runner, then the padded ``BatchRunner``), says why in the log, and the runner
+carries the reason (``fallback_reason``, ``graphs_off``: the engine's ``load()`` and the server's
+``/metrics`` report them).
 """
 
 from __future__ import annotations
@@ -39,11 +40,19 @@ _checked: weakref.WeakKeyDictionary[Any, str | None] = weakref.WeakKeyDictionary
 
 
 def batch_runner(model: Any, pad_token_id: int = 0, **kwargs: Any) -> RaggedRunner | BatchRunner:
-    """The engine's runner for ``model``: ``RaggedRunner`` where the model supports it and it passes
-    ``check_ragged`` (once per model), else the padded ``BatchRunner`` (with ``fallback_reason``
-    set where the check failed). ``CDSL_RUNNER=padded`` forces the padded one (for comparisons)."""
-    if os.environ.get("CDSL_RUNNER", "").lower() == "padded" or not supports_ragged(model):
+    """The engine's runner for ``model``: on a CUDA device the static-shape ``GraphRunner`` (its
+    steps replayed from CUDA graphs) where it passes ``check_runner``; else ``RaggedRunner`` where the
+    model supports it and it passes ``check_ragged`` (once per model); else the padded
+    ``BatchRunner`` (with ``fallback_reason`` set where a check failed). ``CDSL_RUNNER`` forces one:
+    ``static`` (the graph runner, eager off a GPU), ``ragged`` or ``padded`` (for comparisons)."""
+    choice = os.environ.get("CDSL_RUNNER", "").lower()
+    if choice == "padded" or not supports_ragged(model):
         return BatchRunner(model, pad_token_id=pad_token_id, **kwargs)
+    static_reason = None
+    if choice == "static" or (choice != "ragged" and model_device(model).type == "cuda"):
+        runner, static_reason = _graph_runner(model, pad_token_id, **kwargs)
+        if runner is not None:
+            return runner
     if model not in _checked:
         _checked[model] = check_ragged(model)
         if _checked[model] is not None:
@@ -51,16 +60,55 @@ def batch_runner(model: Any, pad_token_id: int = 0, **kwargs: Any) -> RaggedRunn
                            "runner", model_device(model), _checked[model])
     reason = _checked[model]
     if reason is None:
-        return RaggedRunner(model, pad_token_id=pad_token_id, **kwargs)
+        runner = RaggedRunner(model, pad_token_id=pad_token_id, **kwargs)
+        runner.fallback_reason = static_reason
+        return runner
     runner = BatchRunner(model, pad_token_id=pad_token_id, **kwargs)
-    runner.fallback_reason = reason
+    runner.fallback_reason = "; ".join(r for r in (static_reason, reason) if r)
     return runner
+
+
+def _graph_runner(model: Any, pad_token_id: int, **kwargs: Any) -> tuple[Any, str | None]:
+    """A ``GraphRunner`` checked on its graphs, else on its eager static steps (graphs off, said in
+    the log and ``graphs_off``); (None, why) where neither passes."""
+    from ..runners.runner import GraphRunner
+
+    try:
+        runner = GraphRunner(model, pad_token_id=pad_token_id, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - the runner could not even be built: the ragged one serves
+        reason = f"the graph runner failed to start: {type(exc).__name__}: {exc}"
+        logger.warning("%s; falling back to the ragged runner", reason)
+        return None, reason
+    problem = check_runner(runner)
+    if problem is not None and runner.graphs is not None:
+        runner.graphs, runner.graphs_off = None, f"the graphs failed the self-check: {problem}"
+        logger.warning("CUDA graphs off: %s; the static steps run eagerly", runner.graphs_off)
+        problem = check_runner(runner)
+    if problem is not None:
+        reason = f"the graph runner failed its self-check: {problem}"
+        logger.warning("%s; falling back to the ragged runner", reason)
+        return None, reason
+    runner.reset_counters()
+    return runner, None
 
 
 def check_ragged(model: Any, compiled: Any = None) -> str | None:
     """Run the ragged runner's self-check on ``model`` (its steps through ``compiled``, a
     ``CompiledForward``, when given): None when it agrees with the model's own forward, else what went
     wrong (an error, or the first position that differs)."""
+    try:
+        runner = RaggedRunner(model, prefix_cache_bytes=0)
+    except Exception as exc:  # noqa: BLE001 - any failure of the ragged path sends the model to the padded one
+        return f"{type(exc).__name__}: {exc}"
+    runner.compiled = compiled
+    return check_runner(runner)
+
+
+def check_runner(runner: Any) -> str | None:
+    """Feed ``runner`` three rows the way the engine does and compare every kept position with its
+    model's own forward; None where all agree, else what went wrong. The rows are released after
+    (the runner's prefix cache is left out of it)."""
+    model = runner.model
     vocab = int(model.get_output_embeddings().weight.shape[0])
     a, b, c = ([(step * i + 3) % vocab for i in range(length)] for step, length in ((7, 20), (5, 4), (3, 9)))
     more = [(11 * i + 2) % vocab for i in range(GROUPED_QUERIES + 2)]
@@ -69,9 +117,8 @@ def check_ragged(model: Any, compiled: Any = None) -> str | None:
         [Feed("a", a + [2], 1), Feed("b", b + [9], 1), Feed("c", c + [4], 1)],  # a decode step
         [Feed("a", a + [2] + more, 3), Feed("b", b + [9, 4, 8], 3), Feed("c", c + [4, 1], 2)],  # after held positions
     ]
+    prefixes, runner.prefixes = runner.prefixes, None
     try:
-        runner = RaggedRunner(model, prefix_cache_bytes=0)
-        runner.compiled = compiled
         dtype = next(model.parameters()).dtype
         # each row's feeds are prefixes of its last one: one reference forward a row covers them all
         references = {feed.row: _reference(model, feed.sequence) for feed in steps[-1]}
@@ -81,9 +128,14 @@ def check_ragged(model: Any, compiled: Any = None) -> str | None:
                 problem = _compare(got, references[feed.row][end - feed.keep:end], dtype)
                 if problem is not None:
                     return f"row {feed.row!r} of {len(feed.sequence)} tokens: {problem}"
-        runner.release("a", "b", "c")
-    except Exception as exc:  # noqa: BLE001 - any failure of the ragged path sends the model to the padded one
+    except Exception as exc:  # noqa: BLE001 - any failure of the runner sends the model to the next one
         return f"{type(exc).__name__}: {exc}"
+    finally:
+        runner.prefixes = prefixes
+        try:
+            runner.release("a", "b", "c")
+        except Exception:  # noqa: BLE001, S110 - a runner that failed may not release; it is dropped
+            pass
     return None
 
 

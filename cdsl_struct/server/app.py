@@ -314,11 +314,16 @@ def create_app(generator: Any, config: ServerConfig | None = None, *, handoff: A
     @app.get("/health")
     async def health() -> dict[str, Any]:
         """Liveness, the served model, how many requests are running or waiting here, and which
-        forward answers (``forward``: ``answers`` is ``eager`` or ``compiled``; with a compiling
-        process, its ``phase``, seconds and, where it failed, the reason)."""
+        forward answers (``forward``: ``answers`` is ``eager`` or ``compiled``, ``runner`` is ``graph``,
+        ``ragged`` or ``padded`` with the ``cuda_graphs`` it replays; with a compiling process, its
+        ``phase``, seconds and, where it failed, the reason)."""
         load = getattr(generator, "load", None)
         forward = handoff.describe() if handoff is not None else \
             {"answers": "compiled" if load is not None and load().compiled_active else "eager", "phase": None}
+        if load is not None and handoff is None:
+            now = load()
+            forward["runner"] = "graph" if now.static_runner else "ragged" if now.ragged_runner else "padded"
+            forward["cuda_graphs"] = now.cuda_graphs
         return {"status": "ok", "model": service.model, "active_requests": service.worker.active,
                 "forward": forward}
 
@@ -403,9 +408,12 @@ def serve(host: str = "127.0.0.1", port: int = 8000, model: str = "smollm2", dra
                          "max_prompt_tokens": max_prompt_tokens, "tool_format": tool_format}
     generator = Generator(**generator_options, torch_compile="off")
     load = generator.load()
-    runner = "ragged runner" if load.ragged_runner else "padded runner"
+    runner = ("graph runner" if load.static_runner else "ragged runner" if load.ragged_runner
+              else "padded runner")
+    if load.static_runner:
+        runner += f" ({load.cuda_graphs} CUDA graphs)" if load.cuda_graphs else f" (eager: {load.graphs_off})"
     if load.runner_fallback:
-        runner += f" (the ragged one failed its self-check: {load.runner_fallback})"
+        runner += f" (a runner failed its self-check: {load.runner_fallback})"
     handoff = None
     reason = None if mode == "on" else why_not_compiled(generator.engine.runner) if mode == "auto" else "off"
     if reason is None and not isinstance(model, str):

@@ -70,9 +70,13 @@ class Metrics:
                   "(serve --torch-compile)", registry=r).set_function(lambda: float(load().compiled_active))
             Gauge("cdsl_engine_compiled_steps", "Target forwards run compiled since start",
                   registry=r).set_function(lambda: load().compiled_steps)
-            Gauge("cdsl_engine_runner_fallback", "1 where the ragged runner failed its load-time self-check and "
-                  "the target runs on the padded runner (the log says why), else 0", registry=r).set_function(
+            Gauge("cdsl_engine_runner_fallback", "1 where the graph or ragged runner failed its load-time "
+                  "self-check and the target runs on the next one (the log says why), else 0", registry=r).set_function(
                 lambda: float(load().runner_fallback is not None))
+            Gauge("cdsl_engine_cuda_graphs", "CUDA graphs the target's steps replay from (0: no graph runner, or "
+                  "its graphs were dropped: the log says why)", registry=r).set_function(lambda: load().cuda_graphs)
+            Gauge("cdsl_engine_graph_replays", "Target steps replayed from CUDA graphs since start",
+                  registry=r).set_function(lambda: load().graph_replays)
             Gauge("cdsl_prefix_cache_bytes", "Keys and values of stored prompt prefixes",
                   registry=r).set_function(lambda: load().prefix_cache_bytes)
         Gauge("cdsl_compile_cache_bytes", "Engine programs in the compile cache (their own estimate)",

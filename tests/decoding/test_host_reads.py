@@ -46,13 +46,16 @@ def test_the_counter_sees_a_read_of_a_forward_output_and_of_what_follows_from_it
 on_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-@pytest.mark.parametrize(("mask_workers", "kernels"), [(0, "host"), (2, "host"), (2, "device"),
+@pytest.mark.parametrize(("mask_workers", "kernels"), [(0, "host"), (2, "host"), (2, "device"), (2, "static"),
                                                        pytest.param(2, "cuda", marks=on_cuda)])
 def test_every_step_reads_the_device_once(setup, monkeypatch, mask_workers, kernels):
     """JSON and regex rows, prompt lookup drafts (speculation, rollback), forced tokens, the loop
     guard and penalties, rows joining and ending: one read a step, with the CPU's numpy kernels
-    (their one view of the logits), with the torch ops a GPU runs (forced here) and on a GPU."""
-    if kernels == "device":
+    (their one view of the logits), with the torch ops a GPU runs (forced here), with those on the
+    static-shape runner a GPU runs by default (its steps eager here), and on a GPU."""
+    if kernels == "static":
+        monkeypatch.setenv("CDSL_RUNNER", "static")
+    if kernels in ("device", "static"):
         monkeypatch.setattr(loop, "host_kernels", lambda logits: False)
         monkeypatch.setattr(mask, "host_kernels", lambda logits: False)
     tokenizer, model = setup
@@ -81,3 +84,6 @@ def test_every_step_reads_the_device_once(setup, monkeypatch, mask_workers, kern
         engine.close()
     assert all(row.error is None for row in rows)
     assert len(per_step) > 10 and set(per_step) == {1}
+    if kernels == "static":
+        assert type(engine.runner).__name__ == "GraphRunner" and engine.runner.static_off is None
+        assert engine.runner.eager_steps >= len(per_step)

@@ -225,7 +225,8 @@ def test_the_server_is_healthy_after_the_fuzzing(served: str) -> None:
         health = http.get(f"{served}/health")
         assert health.status_code == 200 and health.json() == {"status": "ok", "model": "smollm2",
                                                                "active_requests": 0,
-                                                               "forward": {"answers": "eager", "phase": None}}
+                                                               "forward": {"answers": "eager", "phase": None,
+                                                                           "runner": "ragged", "cuda_graphs": 0}}
         answer = http.post(f"{served}/v1/completions", json={"prompt": "Answer yes or no:", "choices": ["yes", "no"]})
     assert answer.status_code == 200, answer.text
     assert answer.json()["choices"][0]["text"] in ("yes", "no")

@@ -1,0 +1,57 @@
+"""``StaticCache``: a ``SlotCache`` allocated once at its full size, whose buffers never move (a
+captured graph holds their addresses): ``slots`` rows plus one spare slot that padded positions
+write to, each of ``capacity`` positions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..errors import CdslError
+from ..models.slot_cache import SlotCache
+
+
+class CacheOutgrown(CdslError):
+    """A step needs more slots or positions than a ``StaticCache`` was allocated with."""
+
+
+class StaticCache(SlotCache):
+    """Keys and values per layer ``[slots + 1, kv_heads, capacity, dim]``, zeroed (attention may read
+    a position no step wrote: it must be finite), allocated at once. ``fixed`` (the default) refuses
+    to grow (``CacheOutgrown``); once cleared it grows as a ``SlotCache`` (its graphs are then stale)."""
+
+    def __init__(self, layers: int, slots: int, capacity: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 device: Any) -> None:
+        super().__init__(layers)
+        self.rows, self.length = slots + 1, capacity
+        self.spare = slots
+        self.fixed = True
+        shape = (self.rows, kv_heads, capacity, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+
+    @classmethod
+    def for_model(cls, model: Any, slots: int, capacity: int) -> StaticCache:
+        """A cache shaped for ``model``'s layers, in its dtype and on its device."""
+        config = getattr(model.config, "get_text_config", lambda: model.config)()
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        weight = model.get_output_embeddings().weight
+        return cls(config.num_hidden_layers, slots, capacity, getattr(config, "num_key_value_heads", None) or heads,
+                   head_dim, weight.dtype, weight.device)
+
+    def fits(self, rows: int, length: int) -> bool:
+        """Whether ``rows`` rows of up to ``length`` positions fit without growing."""
+        return rows <= self.spare and length <= self.length
+
+    def reserve(self, rows: int, length: int) -> None:
+        if not self.fixed:
+            return super().reserve(rows, length)
+        if not self.fits(rows, length):
+            raise CacheOutgrown(f"{rows} rows of {length} positions do not fit the static cache's "
+                                f"{self.spare} slots of {self.length}")
+        return None
+
+    def bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))

@@ -1,0 +1,151 @@
+"""Capture and replay, checked on the CPU with a fake ``torch.cuda``: every bucket warmed before
+its capture, largest first, into one pool; nothing captured while serving; a capture that fails
+leaves the steps eager; the load-time self-check drops graphs that disagree with the model."""
+
+import contextlib
+
+import pytest
+import torch
+
+from cdsl_struct.models import self_check
+from cdsl_struct.models.batch import Feed
+from cdsl_struct.runners.graphs import StepGraphs
+from cdsl_struct.runners.plan import Buckets
+from cdsl_struct.runners.runner import GraphRunner
+from tests.models.solo import close, solo
+
+SMALL = Buckets(capacity=64, decode_rows=(1, 2, 4), decode_widths=(1, 4), prefill_rows=(1, 2), prefill_widths=(8,))
+
+
+class FakeCuda:
+    """What ``StepGraphs`` uses of ``torch.cuda``, on the CPU. A "captured" graph replays by running
+    the step eagerly into the output tensor its capture returned (what a real replay overwrites)."""
+
+    def __init__(self, step, fail_at=None, wrong=False):
+        self.step, self.fail_at, self.wrong = step, fail_at, wrong
+        self.events: list[tuple[str, object]] = []
+        self.capturing = None
+        self.pools = set()
+        original = step.run
+
+        def run(bucket):
+            self.events.append(("capture" if self.capturing is not None else "run", bucket))
+            if self.capturing is not None and bucket == self.fail_at:
+                raise RuntimeError("operation not permitted when stream is capturing")
+            return original(bucket)
+
+        step.run = run
+        self.original = original
+        fake = self
+
+        class Graph:
+            def __init__(self):
+                self.bucket = None
+                self.output = None
+
+            def replay(self):
+                fake.events.append(("replay", self.bucket))
+                result = fake.original(self.bucket)
+                self.output.copy_(result + 1.0 if fake.wrong else result)
+
+        self.CUDAGraph = Graph
+
+    def graph_pool_handle(self):
+        return object()
+
+    def Stream(self):  # noqa: N802 - torch.cuda's name
+        return _Stream()
+
+    def current_stream(self):
+        return _Stream()
+
+    def stream(self, stream):
+        return contextlib.nullcontext()
+
+    def synchronize(self):
+        pass
+
+    @contextlib.contextmanager
+    def graph(self, graph, pool=None):
+        self.pools.add(id(pool))
+        count = len(self.events)
+        self.capturing = graph
+        try:
+            yield
+        finally:
+            self.capturing = None
+        graph.bucket = self.events[count][1]
+
+    def attach(self, graphs: StepGraphs):
+        for graph, output in graphs.graphs.values():
+            graph.output = output
+
+
+class _Stream:
+    def wait_stream(self, other):
+        pass
+
+
+def _runner(model, **fake_options):
+    runner = GraphRunner(model, buckets=SMALL, prefix_cache_bytes=0, graphs=False)
+    fake = FakeCuda(runner.step, **fake_options)
+    runner.capture(fake)
+    if runner.graphs is not None:
+        fake.attach(runner.graphs)
+    return runner, fake
+
+
+def test_every_bucket_is_warmed_then_captured_largest_first_into_one_pool(model):
+    runner, fake = _runner(model)
+    captured = [bucket for kind, bucket in fake.events if kind == "capture"]
+    assert captured == SMALL.all() and len(fake.pools) == 1 and runner.graphs.sealed
+    for bucket in captured:
+        first_run = fake.events.index(("run", bucket))
+        assert first_run < fake.events.index(("capture", bucket))  # warmed before its capture
+
+
+def test_serving_replays_and_never_captures(model):
+    runner, fake = _runner(model)
+    before = len([e for e in fake.events if e[0] == "capture"])
+    seqs = {"a": list(range(1, 15)), "b": [4, 5]}
+    out = runner.run([Feed(r, s, 1) for r, s in seqs.items()])
+    seqs = {"a": seqs["a"] + [2, 3], "b": seqs["b"] + [6]}
+    out = runner.run([Feed("a", seqs["a"], 2), Feed("b", seqs["b"], 1)])
+    assert close(out[0], solo(model, seqs["a"], keep=2)) and close(out[1], solo(model, seqs["b"]))
+    served = fake.events[fake.events.index(("capture", SMALL.all()[-1])) + 1:]
+    assert {kind for kind, _ in served} == {"replay"} and runner.replays == len(served) >= 3
+    assert len([e for e in fake.events if e[0] == "capture"]) == before and runner.eager_steps == 0
+    with pytest.raises(Exception, match="captured once"):
+        runner.graphs.capture(SMALL.all())
+
+
+def test_a_failed_capture_leaves_the_steps_eager_and_says_why(model, caplog):
+    runner, _ = _runner(model, fail_at=SMALL.all()[3])
+    assert runner.graphs is None and "capture failed" in runner.graphs_off
+    assert "CUDA graphs off" in caplog.text
+    out = runner.run([Feed("a", [1, 2, 3], 1)])
+    assert close(out[0], solo(model, [1, 2, 3])) and runner.eager_steps == 1
+
+
+def test_the_self_check_drops_graphs_that_disagree_with_the_model(model, monkeypatch):
+    made = []
+
+    def graph_runner(*args, **kwargs):
+        runner, _ = _runner(model, wrong=True)
+        made.append(runner)
+        return runner
+
+    monkeypatch.setattr("cdsl_struct.runners.runner.GraphRunner", graph_runner)
+    runner, reason = self_check._graph_runner(model, 0)
+    assert runner is made[0] and reason is None
+    assert runner.graphs is None and "self-check" in runner.graphs_off and runner.rows == 0
+    assert runner.passes == 0  # the check's steps are not counted
+    assert close(runner.run([Feed("a", [1, 2], 1)])[0], solo(model, [1, 2]))
+
+
+def test_the_engine_runner_is_the_graph_runner_where_asked(model, monkeypatch):
+    monkeypatch.setenv("CDSL_RUNNER", "static")
+    runner = self_check.batch_runner(model)
+    assert isinstance(runner, GraphRunner) and runner.graphs is None  # no CUDA here: eager static steps
+    assert runner.rows == 0 and runner.passes == 0
+    assert torch.device(runner.device).type == "cpu"
