@@ -30,6 +30,8 @@ HARNESSES: dict[str, tuple[str, str]] = {
               "cdsl-struct bench serve, and with --against another OpenAI-compatible server side by side"),
     "throughput": ("benchmarks.throughput_baselines",
                    "cdsl-struct bench throughput with the transformers generate and outlines baselines beside it"),
+    "graphs": ("benchmarks.graph_bench", "the static-shape runner on a GPU (capture, replay check, engine runs) "
+                                         "beside transformers' static-cache compiled generate, in one run"),
     "feature-cost": ("benchmarks.feature_cost", "time per token of the budget check, partial values, structural "
                                                 "tags and reasoning, against plain JSON at 16 rows"),
     "vllm": ("benchmarks.vllm_processor", "our logits processor against vLLM's own XGrammar in one vLLM engine "

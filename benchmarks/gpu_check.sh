@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One bounded pass of the GPU checks (issue 38), run on a lent GPU machine through the recipe in
+# One bounded pass of the GPU checks (issues 38, 53), run on a lent GPU machine through the recipe in
 # ../shared/gpu/README.md:  bash .gpu/run.sh bash benchmarks/gpu_check.sh
 # Each step has its own time limit and appends its log to $OUT/steps.log (at most 8 files come back
 # from a device call), so a step that runs long costs only itself; the most wanted figures come
@@ -20,6 +20,11 @@ step() {  # step NAME SECONDS COMMAND...
   { echo "== $name: rc=$rc in $((SECONDS - started))s"; cat /tmp/step.log; } >>"$OUT/steps.log"
   echo "rc=$rc in $((SECONDS - started))s"; grep -v "it/s]" /tmp/step.log | tail -n 14
 }
+# the static-shape runner (issue 53): capture, replay check, the engine with the batch kept full, and
+# transformers' static-cache compiled generate in the same process
+step graphs 420 $LAB graphs --device cuda --rows 64 --requests 256 --max-tokens 96 --check-steps 16 \
+  --json "$OUT/graphs.json"
+step cudatests 150 python3 -m pytest -q -p no:cacheprovider tests/runners/test_cuda.py
 step throughput 150 $LAB throughput --device cuda --batch 1,16,64 --requests 64 --max-tokens 48 --no-hf \
   --json "$OUT/throughput.json"
 # the server on the GPU, 64 clients at once (and a few one at a time)

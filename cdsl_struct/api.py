@@ -164,7 +164,9 @@ class Generator:
         self._cdsl_draft: ModelRunner | None = next(
             (p.runner for p in self.proposers if isinstance(p, DraftModelProposer)), None)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.loaded.eos_token_ids[0]
-        self.engine = BatchEngine(batch_runner(self.loaded.model, pad_token_id=pad), max_batch_size=max_batch_size,
+        self.engine = BatchEngine(batch_runner(self.loaded.model, pad_token_id=pad,
+                                               max_rows=max_batch_size if max_batch_size > 64 else None),
+                                  max_batch_size=max_batch_size,
                                   kv_budget_bytes=None if kv_budget_gb is None else kv_budget_gb * 2**30)
         if compile_mode(torch_compile) != "off":
             on_own_thread(lambda: compile_for(self.engine.runner, torch_compile))

@@ -39,18 +39,21 @@ TOLERANCE = {torch.float32: (1e-3, 1e-4), torch.bfloat16: (0.1, 0.06), torch.flo
 _checked: weakref.WeakKeyDictionary[Any, str | None] = weakref.WeakKeyDictionary()
 
 
-def batch_runner(model: Any, pad_token_id: int = 0, **kwargs: Any) -> RaggedRunner | BatchRunner:
+def batch_runner(model: Any, pad_token_id: int = 0, *, max_rows: int | None = None,
+                 **kwargs: Any) -> RaggedRunner | BatchRunner:
     """The engine's runner for ``model``: on a CUDA device the static-shape ``GraphRunner`` (its
     steps replayed from CUDA graphs) where it passes ``check_runner``; else ``RaggedRunner`` where the
     model supports it and it passes ``check_ragged`` (once per model); else the padded
     ``BatchRunner`` (with ``fallback_reason`` set where a check failed). ``CDSL_RUNNER`` forces one:
-    ``static`` (the graph runner, eager off a GPU), ``ragged`` or ``padded`` (for comparisons)."""
+    ``static`` (the graph runner, eager off a GPU), ``ragged`` or ``padded`` (for comparisons).
+    ``max_rows``: the most rows the graph runner's buckets hold (default 64; more leave its static
+    steps)."""
     choice = os.environ.get("CDSL_RUNNER", "").lower()
     if choice == "padded" or not supports_ragged(model):
         return BatchRunner(model, pad_token_id=pad_token_id, **kwargs)
     static_reason = None
     if choice == "static" or (choice != "ragged" and model_device(model).type == "cuda"):
-        runner, static_reason = _graph_runner(model, pad_token_id, **kwargs)
+        runner, static_reason = _graph_runner(model, pad_token_id, max_rows=max_rows, **kwargs)
         if runner is not None:
             return runner
     if model not in _checked:

@@ -31,6 +31,21 @@ logger = logging.getLogger(__name__)
 DEFAULT_CAPACITY = 2048
 
 
+def default_capacity(model: Any, rows: int) -> int:
+    """Positions a slot holds by default: ``DEFAULT_CAPACITY``, at most the model's own limit, and on
+    a GPU at most what a quarter of its free memory holds for ``rows`` slots (in steps of 256)."""
+    config = getattr(model.config, "get_text_config", lambda: model.config)()
+    capacity = min(DEFAULT_CAPACITY, getattr(config, "max_position_embeddings", None) or DEFAULT_CAPACITY)
+    weight = model.get_output_embeddings().weight
+    if weight.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(weight.device)
+        heads = config.num_attention_heads
+        per_position = (2 * config.num_hidden_layers * (getattr(config, "num_key_value_heads", None) or heads)
+                        * (getattr(config, "head_dim", None) or config.hidden_size // heads) * weight.element_size())
+        capacity = min(capacity, max(256, free // 4 // ((rows + 1) * per_position) // 256 * 256))
+    return capacity
+
+
 class GraphRunner(RaggedRunner):
     """A ``RaggedRunner`` whose steps run at static shapes (see the module's docstring).
 
@@ -48,9 +63,8 @@ class GraphRunner(RaggedRunner):
                  backend: Any = None) -> None:
         super().__init__(model, name, pad_token_id, prefix_cache_bytes)
         if buckets is None:
-            limit = getattr(getattr(model.config, "get_text_config", lambda: model.config)(),
-                            "max_position_embeddings", None) or DEFAULT_CAPACITY
-            buckets = Buckets.up_to(max_rows or DECODE_ROWS[-1], min(capacity or DEFAULT_CAPACITY, limit))
+            rows = max_rows or DECODE_ROWS[-1]
+            buckets = Buckets.up_to(rows, capacity or default_capacity(model, rows))
         self.buckets = buckets
         self.cache = StaticCache.for_model(model, buckets.max_rows, buckets.capacity)
         self.step = StaticStep(model, self.cache, max(b.size for b in buckets.all()))

@@ -1,0 +1,48 @@
+"""On a GPU only (skipped elsewhere; ``benchmarks/gpu_check.sh`` runs it on a lent one): the graph
+runner's replays equal its eager static steps and solo runs per bucket, rows joining and leaving,
+drafts accepted and rejected, with no host sync inside a step."""
+
+import pytest
+import torch
+
+from cdsl_struct.models.batch import Feed
+from cdsl_struct.runners.plan import Buckets
+from cdsl_struct.runners.runner import GraphRunner
+from tests.models.solo import close, solo, tiny_llama
+from tests.runners.test_runner import _script
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+SMALL = Buckets(capacity=96, decode_rows=(1, 2, 4, 8), decode_widths=(1, 2, 4), prefill_rows=(1, 2),
+                prefill_widths=(4, 8))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_replays_equal_eager_steps_and_solo_runs(seed):
+    reference, model = tiny_llama(), tiny_llama().to("cuda")  # the same seeded weights
+    graphs = GraphRunner(model, buckets=SMALL, prefix_cache_bytes=0)
+    eager = GraphRunner(model, buckets=SMALL, prefix_cache_bytes=0, graphs=False)
+    assert graphs.graphs is not None and len(graphs.graphs.graphs) == len(SMALL.all())
+    for left, feeds in _script(seed, model.config.vocab_size):
+        graphs.release(*left)
+        eager.release(*left)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            got = graphs.run(feeds)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        for feed, a, b in zip(feeds, got, eager.run(feeds), strict=True):
+            assert torch.equal(a, b), feed.row  # the same kernels on the same inputs
+            assert close(a.cpu(), solo(reference, feed.sequence, keep=feed.keep)), feed.row
+    assert graphs.replays > 0 and graphs.eager_steps == 0 and graphs.static_off is None
+
+
+def test_the_engine_runner_on_cuda_is_the_graph_runner():
+    from cdsl_struct.models.self_check import batch_runner
+
+    reference, model = tiny_llama(), tiny_llama().to("cuda")
+    runner = batch_runner(model, max_rows=4)
+    assert isinstance(runner, GraphRunner) and runner.graphs is not None and runner.graphs_off is None
+    out = runner.run([Feed("a", [1, 2, 3], 1)])
+    assert close(out[0].cpu(), solo(reference, [1, 2, 3]))
