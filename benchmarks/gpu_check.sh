@@ -22,8 +22,8 @@ step() {  # step NAME SECONDS COMMAND...
 }
 # the static-shape runner (issue 53): capture, replay check, the engine with the batch kept full, and
 # transformers' static-cache compiled generate in the same process
-step graphs 330 $LAB graphs --device cuda --rows 64 --requests 256 --max-tokens 96 --check-steps 12 \
-  --one-row-requests 6 --ragged-requests 48 --json "$OUT/graphs.json"
+step graphs 330 $LAB graphs --device cuda --rows 64 --requests 768 --max-tokens 96 --check-steps 12 \
+  --one-row-requests 6 --ragged-requests 48 --profile mix_served,mix_free --json "$OUT/graphs.json"
 step cudatests 90 python3 -m pytest -q -p no:cacheprovider tests/runners/test_cuda.py
 step throughput 150 $LAB throughput --device cuda --batch 1,16,64 --requests 64 --max-tokens 48 --no-hf \
   --json "$OUT/throughput.json"

@@ -15,7 +15,10 @@ cache_implementation="static")`` over the same prompts (free text, and with our
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import random
 import time
 import traceback
@@ -45,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--no-hf", action="store_true", help="skip transformers' static-cache generate")
     parser.add_argument("--check-steps", type=int, default=24, help="steps of the replay check (0: none)")
+    parser.add_argument("--profile", default="", help="comma-separated engine runs to profile (cProfile, tottime)")
     parser.add_argument("--json", dest="json_out")
     parser.add_argument("--no-progress", action="store_true")
 
@@ -96,6 +100,10 @@ def run(args: argparse.Namespace) -> int:
                                                                                cuda))
         _say(args, f"replay check: {summary['replay_check']}")
 
+    if cuda and getattr(runner, "graphs", None) is not None:
+        summary["replay_ms"] = section("replay_ms", lambda: _replay_ms(runner))
+        _say(args, f"replay ms: {summary['replay_ms']}")
+
     items = build_workload(args.requests)
     free = compile(Regex(FREE_TEXT), tokenizer, eos_token_ids=eos)
     lookup, plain = build_proposers("lookup", model), build_proposers("none", model)
@@ -131,15 +139,12 @@ def run(args: argparse.Namespace) -> int:
         "mix_lookup_all": (jobs, {"drafts": "all"}, args.rows),
     }
     for name, (chosen, options, rows) in runs.items():
-        outcome = section(name, lambda chosen=chosen, options=options, rows=rows: _engine(
-            runner, requests(chosen, **options), rows, [j[0] for j in chosen], check=not options.get("as_free")))
+        outcome = section(name, lambda chosen=chosen, options=options, rows=rows, name=name: _engine(
+            runner, requests(chosen, **options), rows, [j[0] for j in chosen], check=not options.get("as_free"),
+            profile=name in args.profile.split(",")))
         if outcome is not None:
             summary["engine"][name] = outcome
             _say(args, f"{name}: {outcome}")
-    if not args.no_hf:
-        summary["hf_static"] = section("hf_static", lambda: _hf_static(loaded, jobs, args.rows, args.max_tokens, pad,
-                                                                       cuda))
-        _say(args, f"hf static: {summary['hf_static']}")
     if args.ragged_requests:
         chosen = jobs[:args.ragged_requests]
         for name, chosen_runner in (("graph_mix_served_same", lambda: runner),
@@ -149,22 +154,32 @@ def run(args: argparse.Namespace) -> int:
             if outcome is not None:
                 summary["engine"][name] = outcome
                 _say(args, f"{name}: {outcome}")
+    if not args.no_hf:
+        summary["hf_static"] = section("hf_static", lambda: _hf_static(loaded, jobs, args.rows, args.max_tokens, pad,
+                                                                       cuda))
+        _say(args, f"hf static: {summary['hf_static']}")
     summary["ratios"] = _ratios(summary)
     return write_report(report, _table(summary), args)
 
 
 def _engine(runner: Any, made: list[Request], rows: int, items: list[Any] | None = None,
-            check: bool = True) -> dict[str, Any]:
-    """``made`` through a fresh engine of ``rows`` rows on ``runner`` (its prefix cache emptied first)."""
+            check: bool = True, profile: bool = False) -> dict[str, Any]:
+    """``made`` through a fresh engine of ``rows`` rows on ``runner`` (its prefix cache emptied
+    first); with ``profile``, cProfile's top functions of the engine's thread under ``profile``."""
     if runner.prefixes is not None:
         runner.prefixes = PrefixCache(runner.prefixes.max_bytes)
     replays, eager = getattr(runner, "replays", 0), getattr(runner, "eager_steps", 0)
     engine = BatchEngine(runner, max_batch_size=rows)
+    profiler = cProfile.Profile() if profile else None
     try:
+        if profiler is not None:
+            profiler.enable()
         start = time.perf_counter()
         ended = engine.run_rows(made)
         wall = time.perf_counter() - start
     finally:
+        if profiler is not None:
+            profiler.disable()
         engine.close()
     results = [row.result for row in ended if row.result is not None]
     tokens = sum(len(r.tokens) for r in results)
@@ -175,10 +190,35 @@ def _engine(runner: Any, made: list[Request], rows: int, items: list[Any] | None
            "replays": getattr(runner, "replays", 0) - replays, "eager_steps": getattr(runner, "eager_steps", 0) - eager,
            "phases_ms_per_step": {k: round(1000 * v / max(engine.stats.steps, 1), 2)
                                   for k, v in engine.stats.phase_seconds.items()}}
+    if profiler is not None:
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(45)
+        out["profile"] = text.getvalue()[-9000:]
     if items is not None and check:
         out["valid"] = sum(row.result is not None and row.result.finish_reason == "stop" and item.valid(row.result.text)
                            for row, item in zip(ended, items, strict=True))
     return out
+
+
+def _replay_ms(runner: Any, repeats: int = 20) -> dict[str, float]:
+    """GPU milliseconds a replay of a few buckets takes (all rows padded), back to back."""
+    times = {}
+    for rows, width, length in ((1, 1, 512), (16, 1, 512), (64, 1, 512), (64, 8, 512), (64, 1, 2048), (8, 256, 512)):
+        bucket = (runner.buckets.prefill if width > runner.buckets.max_width else runner.buckets.decode)(
+            rows, width, length)
+        if bucket is None or bucket not in runner.graphs.graphs:
+            continue
+        runner.step.load_padding(bucket)
+        runner.graphs.replay(bucket)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            runner.graphs.replay(bucket)
+        torch.cuda.synchronize()
+        times[f"{bucket.rows}x{bucket.width}@{bucket.length}{'p' if bucket.gather else ''}"] = round(
+            1000 * (time.perf_counter() - start) / repeats, 3)
+    runner.reset_counters()
+    return times
 
 
 def _ragged_runner(model: Any, pad: int) -> Any:
@@ -248,6 +288,7 @@ def _hf_static(loaded: Any, jobs: list[Any], rows: int, max_tokens: int, pad: in
     from cdsl_struct.integrations.transformers_processor import constrained
 
     model, eos = loaded.model, set(loaded.eos_token_ids)
+    model.set_attn_implementation("sdpa")  # as loaded: our runners switched it to theirs (restored after)
     width = max(len(prompt) for _, prompt, _ in jobs)
     batches = [jobs[i:i + rows] for i in range(0, len(jobs), rows)]
 
