@@ -367,23 +367,33 @@ class BatchEngine:
         return list(torch.split(self._bitmask[:need], sizes)) if rows else []
 
     def _masks_async(self, rows: list[tuple[Row, Proposal]], blocks: list[torch.Tensor]) -> list[Any]:
-        """Queue the rows' deferred masks on the mask threads, one task per thread (a task per row
-        cost more in hand-offs than its mask at 64 rows); each task's per-row errors come back."""
+        """Queue the rows' deferred masks on the mask threads: the llguidance rows whose masks are
+        all deferred in one task that llguidance spreads over its own threads, the rest one task per
+        thread (a task per row cost more in hand-offs than its mask at 64 rows); each task's
+        ``(row index, error)`` pairs come back."""
         if self._pool is None or not rows:
             return []
-        jobs = list(zip(rows, blocks, strict=True))
-        chunk = -(-len(jobs) // self._mask_workers)
-        return [self._pool.submit(_fill_masks, jobs[start:start + chunk]) for start in range(0, len(jobs), chunk)]
+        together, alone = _split_mask_jobs(list(enumerate(zip(rows, blocks, strict=True))))
+        futures = [self._pool.submit(_fill_masks_together, together, self._bitmask)] if together else []
+        if alone:
+            chunk = -(-len(alone) // self._mask_workers)
+            futures += [self._pool.submit(_fill_masks, alone[start:start + chunk])
+                        for start in range(0, len(alone), chunk)]
+        return futures
 
     def _wait_masks(self, rows: list[tuple[Row, Proposal]], blocks: list[torch.Tensor], pending: list[Any],
                     before: float) -> list[bool]:
         """Finish every row's masks (a row whose constraint raised ends with that error); ``before``:
         the rows' mask time when the step's masks were queued."""
         started = time.perf_counter()
+        errors: list[BaseException | None] = [None] * len(rows)
         if pending:
-            errors = [error for future in pending for error in future.result()]
+            done = [pair for future in pending for pair in future.result()]
         else:
-            errors = _fill_masks(list(zip(rows, blocks, strict=True)))
+            together, alone = _split_mask_jobs(list(enumerate(zip(rows, blocks, strict=True))))
+            done = (_fill_masks_together(together, self._bitmask) if together else []) + _fill_masks(alone)
+        for index, error in done:
+            errors[index] = error
         for (row, _), error in zip(rows, errors, strict=True):
             if error is not None:
                 self._end(row, error=error)
@@ -511,16 +521,55 @@ def _in_logit_order(masks: torch.Tensor, spans: list[tuple[int, int]], positions
     return full.index_copy_(0, index, masks)
 
 
-def _fill_masks(jobs: list[tuple[tuple[Row, Proposal], torch.Tensor]]) -> list[BaseException | None]:
-    """Fill each row's deferred masks into its block; per row, the error its constraint raised or None."""
-    errors: list[BaseException | None] = []
-    for (row, proposal), block in jobs:
+MaskJob = tuple[int, tuple[tuple[Row, Proposal], torch.Tensor]]
+"""A row's place in the step, the row and its proposal, and its block of the step's bitmask."""
+
+
+def _fill_masks(jobs: list[MaskJob]) -> list[tuple[int, BaseException | None]]:
+    """Fill each row's deferred masks into its block; per row, its index and the error its
+    constraint raised or None."""
+    errors: list[tuple[int, BaseException | None]] = []
+    for index, ((row, proposal), block) in jobs:
         try:
             fill_deferred_masks(row.session, proposal, block)
-            errors.append(None)
+            errors.append((index, None))
         except Exception as exc:  # noqa: BLE001 - the row ends with its own error
-            errors.append(exc)
+            errors.append((index, exc))
     return errors
+
+
+def _split_mask_jobs(jobs: list[MaskJob]) -> tuple[list[MaskJob], list[MaskJob]]:
+    """The jobs whose masks can be filled together in one llguidance call (every mask of the
+    proposal deferred, on an llguidance state: ``fill_drafted_masks``), and the rest."""
+    from ..constraints.backends.llguidance_backend import parallel_fill_supported
+
+    together, alone = [], []
+    for job in jobs:
+        (row, proposal), _ = job[1]
+        state = row.session.state
+        fits = all(mask is None for mask in proposal.masks) and parallel_fill_supported(state) \
+            and not (state.finished and not proposal.tokens)  # finished before the step: fill_mask clears
+        (together if fits else alone).append(job)
+    return together, alone
+
+
+def _fill_masks_together(jobs: list[MaskJob], bitmask: torch.Tensor) -> list[tuple[int, BaseException | None]]:
+    """``_fill_masks`` for llguidance rows whose masks are all deferred, in one parallel call (its
+    threads hold no GIL); a row it could not fill goes the usual way."""
+    from ..constraints.backends.llguidance_backend import fill_drafted_masks
+
+    base = bitmask.data_ptr()
+    row_bytes = bitmask.stride(0) * bitmask.element_size()
+    try:
+        done = fill_drafted_masks([(row.session.state, list(proposal.tokens), (block.data_ptr() - base) // row_bytes)
+                                   for _, ((row, proposal), block) in jobs], bitmask)
+    except Exception:  # noqa: BLE001 - the usual way reports each row's own error
+        return _fill_masks(jobs)
+    for (_, ((_, proposal), block)), ok in zip(jobs, done, strict=True):
+        if ok:
+            proposal.masks[:] = list(block)
+    return [(index, None) for (index, _), ok in zip(jobs, done, strict=True) if ok] + \
+        _fill_masks([job for job, ok in zip(jobs, done, strict=True) if not ok])
 
 
 def decode(target: ModelRunner, compiled: CompiledConstraint, prompt: Sequence[int], *,

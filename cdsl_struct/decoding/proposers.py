@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..models.runner import ModelRunner
@@ -75,14 +76,24 @@ class PromptLookupProposer:
                 return
 
     def lookup(self, context: Sequence[int], budget: int) -> list[int]:
-        """The continuation after the latest earlier match of the longest matching suffix."""
-        for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
-            suffix = list(context[-n:])
-            for start in range(len(context) - n - 1, -1, -1):
-                if list(context[start:start + n]) == suffix:
-                    follow = list(context[start + n:start + n + budget])
-                    if follow:
-                        return follow
+        """The continuation after the latest earlier match of the longest matching suffix (the
+        match ends before the last token, so at least one token follows it)."""
+        length = len(context)
+        if length < 2:
+            return []
+        tokens = np.fromiter(context, dtype=np.int64, count=length)
+        # where an n-gram ending at p (p <= length - 2) matches the suffix: grown one token at a time
+        ends = np.flatnonzero(tokens[:-1] == tokens[-1])
+        longest = min(self.max_ngram, length - 1)
+        matches: list[np.ndarray] = [ends]
+        for n in range(2, longest + 1):
+            ends = ends[ends >= n - 1]
+            ends = ends[tokens[ends - (n - 1)] == tokens[length - n]]
+            matches.append(ends)
+        for n in range(longest, self.min_ngram - 1, -1):
+            if matches[n - 1].size:
+                start = int(matches[n - 1][-1]) + 1
+                return [int(t) for t in tokens[start:start + budget]]
         return []
 
 

@@ -19,8 +19,9 @@ class CacheOutgrown(CdslError):
 
 class StaticCache(SlotCache):
     """Keys and values per layer ``[slots + 1, kv_heads, capacity, dim]`` (views of one tensor
-    ``kv``), zeroed (attention may read a position no step wrote: it must be finite), allocated at once. ``fixed`` (the default) refuses
-    to grow (``CacheOutgrown``); once cleared it grows as a ``SlotCache`` (its graphs are then stale)."""
+    ``kv``), zeroed (attention may read a position no step wrote: it must be finite), allocated at
+    once. ``fixed`` (the default) refuses to grow (``CacheOutgrown``); once cleared it grows as a
+    ``SlotCache`` (its graphs are then stale)."""
 
     def __init__(self, layers: int, slots: int, capacity: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
                  device: Any) -> None:

@@ -17,6 +17,8 @@ import ctypes
 import json
 import re
 import threading
+import time
+from collections.abc import Sequence
 from typing import Any
 
 import llguidance
@@ -224,3 +226,57 @@ class LLGuidanceState(ConstraintState):
 
 
 BACKEND = LLGuidanceBackend()
+
+_executor: llguidance.LLExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+def parallel_fill_supported(state: ConstraintState) -> bool:
+    """Whether ``fill_drafted_masks`` can take ``state``: an llguidance state of a vocabulary with
+    one EOS (``fill_mask`` adds the others' bits by hand)."""
+    return isinstance(state, LLGuidanceState) and len(state.vocabulary.eos_token_ids) == 1
+
+
+def fill_drafted_masks(jobs: Sequence[tuple[LLGuidanceState, list[int], int]], bitmask: Any) -> list[bool]:
+    """Every job's masks in one call that llguidance spreads over its threads (no GIL held): for
+    ``(state, drafted, first)``, a state advanced past the ``drafted`` tokens of this step, the mask
+    before each drafted token and after the last, into rows ``first, first + 1, ...`` of ``bitmask``
+    (a zeroed 2-D int32 CPU tensor; a position after EOS stays all zero, as ``fill_mask`` leaves a
+    finished state's). Each state ends where it started. Per job, whether it is done; False (the
+    matcher hit an error, e.g. llguidance's dead end) leaves the job to ``fill_mask``."""
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = llguidance.LLExecutor()
+    started = time.perf_counter()
+    plain, drafting, rolled = [], [], []
+    failed = False
+    try:
+        for state, drafted, first in jobs:
+            state.rollback(len(drafted))
+            rolled.append((state, drafted))
+            eos = state.vocabulary.eos_token_ids
+            body = drafted[:next((i for i, token in enumerate(drafted) if token in eos), len(drafted))]
+            if body:
+                drafting.append((state._matcher, first, body))
+            else:  # the draft call refuses an empty draft
+                plain.append((state._matcher, first))
+        target = (bitmask.data_ptr(), bitmask.shape[1] * 4, bitmask.shape[0])
+        if plain:
+            _executor.unsafe_compute_mask_ptr(plain, *target)
+        if drafting:
+            _executor.unsafe_compute_mask_ptr_with_draft_token(drafting, *target)
+    except Exception:  # noqa: BLE001 - every job then goes the usual way
+        failed = True
+    share = (time.perf_counter() - started) / max(len(jobs), 1)
+    done = []
+    for state, drafted in rolled:
+        ok = not failed and not state._matcher.is_error()
+        if state._matcher.is_error():
+            state._matcher = state._program.replay(state._history)
+        if drafted:
+            state._consume(drafted)  # accepted when they were proposed: the state is where it was
+        state.mask_seconds += share
+        state.mask_calls += len(drafted) + 1
+        done.append(ok)
+    return done + [False] * (len(jobs) - len(rolled))
