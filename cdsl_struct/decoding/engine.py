@@ -143,9 +143,17 @@ class BatchEngine:
     def run_rows(self, requests: Sequence[Request]) -> list[Row]:
         """As ``run``, but the ended Rows, each holding its ``result`` or ``error``."""
         rows = [self.submit(request) for request in requests]
-        while self._thread is None and not all(r.done for r in rows):
+        first_running = 0  # rows before it have ended: each check looks from there (not over all rows)
+
+        def running() -> bool:
+            nonlocal first_running
+            while first_running < len(rows) and rows[first_running].done:
+                first_running += 1
+            return first_running < len(rows)
+
+        while self._thread is None and running():
             with self._stepping:  # callers on several threads take turns stepping the one runner
-                if self._thread is None and not all(r.done for r in rows):
+                if self._thread is None and running():
                     self.step()
         for row in rows:
             row._done.wait()

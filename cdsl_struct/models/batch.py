@@ -62,6 +62,8 @@ def reusable_prefix(held: Sequence[int], feed: Feed) -> int:
     """How many of the ``held`` tokens a row keeps for ``feed``: the prefix they share with its
     sequence, leaving at least ``keep`` tokens to feed."""
     common, limit = 0, min(len(held), len(feed.sequence) - feed.keep)
+    if held[:limit] == feed.sequence[:limit]:  # the usual case, compared in C
+        return limit
     while common < limit and held[common] == feed.sequence[common]:
         common += 1
     return common

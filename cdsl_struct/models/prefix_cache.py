@@ -33,8 +33,9 @@ class PrefixCache:
     def lookup(self, tokens: Sequence[int]) -> tuple[int, LayerKV | None]:
         """The longest stored prefix of ``tokens``: its length and its keys and values (sliced)."""
         best, best_key = 0, None
+        tokens = tuple(tokens)
         for key in self.entries:
-            common = len(os.path.commonprefix([key, tuple(tokens)]))
+            common = len(os.path.commonprefix([key, tokens]))
             if common > best:
                 best, best_key = common, key
         if best_key is None:

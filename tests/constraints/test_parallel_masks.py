@@ -4,6 +4,7 @@ EOS, and each state ends where it started."""
 
 import random
 
+import pytest
 import torch
 
 from cdsl_struct.constraints import JsonSchema, Regex, compile
@@ -34,9 +35,11 @@ def _walk(state, rng, steps):
     return tokens
 
 
-def test_parallel_masks_equal_row_by_row_ones():
+@pytest.mark.parametrize("more_eos", [False, True])
+def test_parallel_masks_equal_row_by_row_ones(more_eos):
+    """With one EOS, and with a second one (its bit set by hand where the output is complete)."""
     tokenizer = load_tokenizer("smollm2")
-    eos = [tokenizer.eos_token_id]
+    eos = [tokenizer.eos_token_id] + ([1 if tokenizer.eos_token_id != 1 else 0] if more_eos else [])
     specs = [compile(JsonSchema(SCHEMA), tokenizer, eos_token_ids=eos),
              compile(Regex(r"(yes|no)\. [a-z ]{1,20}\."), tokenizer, eos_token_ids=eos)]
     rng = random.Random(4)
@@ -47,7 +50,7 @@ def test_parallel_masks_equal_row_by_row_ones():
         compiled = specs[1] if index == 12 else specs[index % 2]
         state, twin = compiled.new_state(), compiled.new_state()
         if index == 12:  # a draft that ends the answer with EOS
-            history, drafted = answer[:2], answer[2:] + eos
+            history, drafted = answer[:2], answer[2:] + eos[:1]
             state.advance(history + drafted)
         else:
             history = _walk(state, rng, rng.randint(0, 6))

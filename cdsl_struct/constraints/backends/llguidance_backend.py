@@ -24,6 +24,7 @@ from typing import Any
 import llguidance
 
 from ...errors import CompileError, GrammarSyntaxError, MatcherError, UnsatisfiableSchema, UnsupportedFeature
+from ..mask import set_bit
 from ..specs import Choice, ConstraintSpec, Grammar, JsonSchema, Regex
 from ..state import ConstraintState
 from ..vocabulary import TokenVocabulary
@@ -232,9 +233,8 @@ _executor_lock = threading.Lock()
 
 
 def parallel_fill_supported(state: ConstraintState) -> bool:
-    """Whether ``fill_drafted_masks`` can take ``state``: an llguidance state of a vocabulary with
-    one EOS (``fill_mask`` adds the others' bits by hand)."""
-    return isinstance(state, LLGuidanceState) and len(state.vocabulary.eos_token_ids) == 1
+    """Whether ``fill_drafted_masks`` can take ``state``: an llguidance state."""
+    return isinstance(state, LLGuidanceState)
 
 
 def fill_drafted_masks(jobs: Sequence[tuple[LLGuidanceState, list[int], int]], bitmask: Any) -> list[bool]:
@@ -270,11 +270,19 @@ def fill_drafted_masks(jobs: Sequence[tuple[LLGuidanceState, list[int], int]], b
         failed = True
     share = (time.perf_counter() - started) / max(len(jobs), 1)
     done = []
-    for state, drafted in rolled:
+    for (state, drafted), (_, _, first) in zip(rolled, jobs, strict=False):
         ok = not failed and not state._matcher.is_error()
         if state._matcher.is_error():
             state._matcher = state._program.replay(state._history)
-        if drafted:
+        others = state.vocabulary.eos_token_ids[1:]
+        if ok and others:  # llguidance sets the first EOS's bit; the others where the output is complete
+            for i in range(len(drafted) + 1):
+                if not state.finished and state.is_complete():
+                    for eos in others:
+                        set_bit(bitmask[first + i], eos)
+                if i < len(drafted):
+                    state._consume([drafted[i]])
+        elif drafted:
             state._consume(drafted)  # accepted when they were proposed: the state is where it was
         state.mask_seconds += share
         state.mask_calls += len(drafted) + 1
