@@ -22,8 +22,8 @@ step() {  # step NAME SECONDS COMMAND...
 }
 # the static-shape runner (issue 53): capture, replay check, the engine with the batch kept full, and
 # transformers' static-cache compiled generate in the same process
-step graphs 330 $LAB graphs --device cuda --rows 64 --requests 768 --max-tokens 96 --check-steps 12 \
-  --one-row-requests 6 --ragged-requests 48 --profile mix_served,mix_free --json "$OUT/graphs.json"
+step graphs 240 $LAB graphs --device cuda --rows 64 --requests 512 --max-tokens 96 --check-steps 8 \
+  --one-row-requests 6 --ragged-requests 48 --profile mix_served --json "$OUT/graphs.json"
 step cudatests 90 python3 -m pytest -q -p no:cacheprovider tests/runners/test_cuda.py
 step throughput 150 $LAB throughput --device cuda --batch 1,16,64 --requests 64 --max-tokens 48 --no-hf \
   --json "$OUT/throughput.json"
@@ -32,8 +32,8 @@ if [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" serve64 "* ]]; then
 $CLI serve --device cuda --port 8011 --max-batch-size 64 >"$OUT/server.log" 2>&1 &
 server=$!
 up() { python3 -c "import httpx, sys; sys.exit(httpx.get('http://127.0.0.1:8011/health').status_code != 200)" 2>/dev/null; }
-for _ in $(seq 60); do up && break; sleep 1; done
-step serve64 45 $CLI bench serve --url http://127.0.0.1:8011/v1 --requests 64 --concurrency 64 --max-tokens 48 \
+for _ in $(seq 150); do up && break; sleep 1; done  # the graph runner captures its buckets first (~40 s)
+step serve64 60 $CLI bench serve --url http://127.0.0.1:8011/v1 --requests 256 --concurrency 64 --max-tokens 96 \
   --json "$OUT/serve64.json"
 step serve1 30 $CLI bench serve --url http://127.0.0.1:8011/v1 --requests 6 --concurrency 1 --max-tokens 48 \
   --json "$OUT/serve1.json"

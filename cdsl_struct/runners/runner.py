@@ -137,17 +137,19 @@ class GraphRunner(RaggedRunner):
         slots = {row: slot for slot, row in enumerate(self.order)}
         wide = [row for row, tail in tails.items() if len(tail) > self.buckets.max_width]
         narrow = [row for row, tail in tails.items() if 0 < len(tail) <= self.buckets.max_width]
-        parts: list[torch.Tensor] = []
-        offsets: dict[Hashable, int] = {}
-        kept_so_far = 0
-        for bucket, fed in self._prefill_steps(wide, tails, keeps, slots):
-            kept_so_far = self._run_static(bucket, fed, parts, offsets, kept_so_far)
+        steps = self._prefill_steps(wide, tails, keeps, slots)
         if narrow:
             width = max(len(tails[row]) for row in narrow)
             length = max(len(self.tokens[row]) + len(tails[row]) for row in narrow)
-            bucket = self.buckets.decode(self.rows, width, length)
-            fed = [(row, FedRow(slots[row], slots[row], len(self.tokens[row]), tails[row], keeps[row]))
-                   for row in narrow]
+            steps.append((self.buckets.decode(self.rows, width, length),
+                          [(row, FedRow(slots[row], slots[row], len(self.tokens[row]), tails[row], keeps[row]))
+                           for row in narrow]))
+        if any(bucket is None for bucket, _ in steps):  # no bucket holds it (buckets a caller chose): ragged
+            return super()._forward(tails, keeps)
+        parts: list[torch.Tensor] = []
+        offsets: dict[Hashable, int] = {}
+        kept_so_far = 0
+        for bucket, fed in steps:
             kept_so_far = self._run_static(bucket, fed, parts, offsets, kept_so_far)
         hidden = parts[0] if len(parts) == 1 else torch.cat(parts)
         logits = self.lm_head(hidden).float()
@@ -162,7 +164,7 @@ class GraphRunner(RaggedRunner):
     # --- static steps ---------------------------------------------------------------------------
 
     def _prefill_steps(self, wide: list[Hashable], tails: dict[Hashable, list[int]], keeps: dict[Hashable, int],
-                       slots: dict[Hashable, int]) -> list[tuple[Bucket, list[tuple[Hashable, FedRow]]]]:
+                       slots: dict[Hashable, int]) -> list[tuple[Bucket | None, list[tuple[Hashable, FedRow]]]]:
         """The prefill steps of the rows feeding long tails: each tail in chunks of at most
         ``Buckets.chunk`` (the first one the shortest, so the kept positions lie in the last), a
         row's chunks in order, a few rows a step."""
