@@ -52,13 +52,13 @@ from .loop import (
     Proposer,
     Session,
     commit,
-    fill_deferred_masks,
     finish,
     mask_and_choose,
     propose,
     truncate,
 )
 from .loops import loop_bans, penalise
+from .mask_fill import fill_masks, fill_masks_together, split_mask_jobs
 from .programs import Programs
 from .rows import Request, Row
 from .sampling import SamplingParams
@@ -381,11 +381,11 @@ class BatchEngine:
         ``(row index, error)`` pairs come back."""
         if self._pool is None or not rows:
             return []
-        together, alone = _split_mask_jobs(list(enumerate(zip(rows, blocks, strict=True))))
-        futures = [self._pool.submit(_fill_masks_together, together, self._bitmask)] if together else []
+        together, alone = split_mask_jobs(list(enumerate(zip(rows, blocks, strict=True))))
+        futures = [self._pool.submit(fill_masks_together, together, self._bitmask)] if together else []
         if alone:
             chunk = -(-len(alone) // self._mask_workers)
-            futures += [self._pool.submit(_fill_masks, alone[start:start + chunk])
+            futures += [self._pool.submit(fill_masks, alone[start:start + chunk])
                         for start in range(0, len(alone), chunk)]
         return futures
 
@@ -398,8 +398,8 @@ class BatchEngine:
         if pending:
             done = [pair for future in pending for pair in future.result()]
         else:
-            together, alone = _split_mask_jobs(list(enumerate(zip(rows, blocks, strict=True))))
-            done = (_fill_masks_together(together, self._bitmask) if together else []) + _fill_masks(alone)
+            together, alone = split_mask_jobs(list(enumerate(zip(rows, blocks, strict=True))))
+            done = (fill_masks_together(together, self._bitmask) if together else []) + fill_masks(alone)
         for index, error in done:
             errors[index] = error
         for (row, _), error in zip(rows, errors, strict=True):
@@ -527,57 +527,6 @@ def _in_logit_order(masks: torch.Tensor, spans: list[tuple[int, int]], positions
     full = torch.full((positions, masks.shape[1]), -1, dtype=masks.dtype)
     index = torch.tensor([i for start, end in spans for i in range(start, end)])
     return full.index_copy_(0, index, masks)
-
-
-MaskJob = tuple[int, tuple[tuple[Row, Proposal], torch.Tensor]]
-"""A row's place in the step, the row and its proposal, and its block of the step's bitmask."""
-
-
-def _fill_masks(jobs: list[MaskJob]) -> list[tuple[int, BaseException | None]]:
-    """Fill each row's deferred masks into its block; per row, its index and the error its
-    constraint raised or None."""
-    errors: list[tuple[int, BaseException | None]] = []
-    for index, ((row, proposal), block) in jobs:
-        try:
-            fill_deferred_masks(row.session, proposal, block)
-            errors.append((index, None))
-        except Exception as exc:  # noqa: BLE001 - the row ends with its own error
-            errors.append((index, exc))
-    return errors
-
-
-def _split_mask_jobs(jobs: list[MaskJob]) -> tuple[list[MaskJob], list[MaskJob]]:
-    """The jobs whose masks can be filled together in one llguidance call (every mask of the
-    proposal deferred, on an llguidance state: ``fill_drafted_masks``), and the rest."""
-    from ..constraints.backends.llguidance_backend import parallel_fill_supported
-
-    together, alone = [], []
-    for job in jobs:
-        (row, proposal), _ = job[1]
-        state = row.session.state
-        fits = all(mask is None for mask in proposal.masks) and parallel_fill_supported(state) \
-            and not (state.finished and not proposal.tokens)  # finished before the step: fill_mask clears
-        (together if fits else alone).append(job)
-    return together, alone
-
-
-def _fill_masks_together(jobs: list[MaskJob], bitmask: torch.Tensor) -> list[tuple[int, BaseException | None]]:
-    """``_fill_masks`` for llguidance rows whose masks are all deferred, in one parallel call (its
-    threads hold no GIL); a row it could not fill goes the usual way."""
-    from ..constraints.backends.llguidance_backend import fill_drafted_masks
-
-    base = bitmask.data_ptr()
-    row_bytes = bitmask.stride(0) * bitmask.element_size()
-    try:
-        done = fill_drafted_masks([(row.session.state, list(proposal.tokens), (block.data_ptr() - base) // row_bytes)
-                                   for _, ((row, proposal), block) in jobs], bitmask)
-    except Exception:  # noqa: BLE001 - the usual way reports each row's own error
-        return _fill_masks(jobs)
-    for (_, ((_, proposal), block)), ok in zip(jobs, done, strict=True):
-        if ok:
-            proposal.masks[:] = list(block)
-    return [(index, None) for (index, _), ok in zip(jobs, done, strict=True) if ok] + \
-        _fill_masks([job for job, ok in zip(jobs, done, strict=True) if not ok])
 
 
 def decode(target: ModelRunner, compiled: CompiledConstraint, prompt: Sequence[int], *,

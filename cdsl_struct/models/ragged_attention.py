@@ -10,7 +10,6 @@ from typing import Any
 import torch
 
 from ..errors import CdslError
-from ..runners.attention import STEP_KEYWORD, static_attention
 from .attention import DECODE_ATTENTION, decode_attention, ragged_step, row_attention
 from .ragged_plan import StepPlan
 
@@ -21,6 +20,10 @@ RAGGED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 #: the attention implementation a ragged runner's model runs under: ragged attention inside a
 #: ragged step, ``decode_attention`` (transformers' SDPA for most calls) outside one
 RAGGED_ATTENTION = "cdsl_ragged"
+
+#: the keyword under which a static step (``runners``) hands each layer's attention its device-side
+#: metadata, through the model's forward (transformers passes unknown keywords down to attention)
+STATIC_STEP = "cdsl_static"
 
 _step = ragged_step  # ``plan``, ``attend`` and ``cache`` while a ragged step runs on this thread
 
@@ -154,9 +157,9 @@ def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.
               **kwargs: Any) -> tuple[torch.Tensor, None]:
     """The ``RAGGED_ATTENTION`` implementation (transformers' signature): ``static_attention`` in a
     static step (``runners``), ``ragged_attention`` in a ragged step, ``decode_attention`` otherwise."""
-    static = kwargs.get(STEP_KEYWORD)
-    if static is not None:
-        return static_attention(module, query, key, value, static, scaling), None
+    static = kwargs.get(STATIC_STEP)
+    if static is not None:  # a static step's own attention (``runners.attention.StaticAttention``)
+        return static.attend(module, query, key, value, scaling), None
     # a compiled step's forward (``models.compiled``): traced, or any part of it dynamo runs eagerly
     compiling = torch.compiler.is_dynamo_compiling() or getattr(_step, "cache", None) is not None
     if not compiling and getattr(_step, "plan", None) is None:  # a forward outside a ragged step

@@ -9,7 +9,6 @@ from typing import Any
 import torch
 
 from .attention import ragged_step
-from .ragged_plan import StepPlan
 
 #: spare positions a grown ``SlotCache`` gets (an eighth of what it needs, at least this many: the
 #: grouped attention reads them all) and spare rows (a quarter, at least this many)
@@ -69,7 +68,7 @@ class SlotCache:
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Write a step's ``[1, kv_heads, N, dim]`` keys and values at their rows' positions; the layer's buffers."""
-        plan: StepPlan = _step.plan
+        plan = _step.plan  # the running step's ``ragged_plan.StepPlan``
         keys, values = self.layer(layer_idx, key_states)
         keys[plan.slots, :, plan.positions] = key_states[0].transpose(0, 1)
         values[plan.slots, :, plan.positions] = value_states[0].transpose(0, 1)

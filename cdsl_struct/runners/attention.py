@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-#: the keyword a static step's ``StaticAttention`` travels under, through the model's forward into
-#: each layer's attention function (transformers passes unknown keywords down)
-STEP_KEYWORD = "cdsl_static"
+from ..models.ragged_attention import STATIC_STEP as STEP_KEYWORD
+
+__all__ = ["STEP_KEYWORD", "StaticAttention", "static_attention", "step_mask"]
 
 
 @dataclass
@@ -33,6 +33,11 @@ class StaticAttention:
     row_slots: torch.Tensor | None
     mask: torch.Tensor
     length: int
+
+    def attend(self, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               scaling: float | None) -> torch.Tensor:
+        """What the model's attention function calls in a static step (``static_attention``)."""
+        return static_attention(module, query, key, value, self, scaling)
 
 
 def static_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

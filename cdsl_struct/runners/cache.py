@@ -13,15 +13,11 @@ from ..errors import CdslError
 from ..models.slot_cache import SlotCache
 
 
-class CacheOutgrown(CdslError):
-    """A step needs more slots or positions than a ``StaticCache`` was allocated with."""
-
-
 class StaticCache(SlotCache):
     """Keys and values per layer ``[slots + 1, kv_heads, capacity, dim]`` (views of one tensor
     ``kv``), zeroed (attention may read a position no step wrote: it must be finite), allocated at
-    once. ``fixed`` (the default) refuses to grow (``CacheOutgrown``); once cleared it grows as a
-    ``SlotCache`` (its graphs are then stale)."""
+    once. ``fixed`` (the default) refuses to grow (a ``CdslError``: its runner leaves the static
+    steps first); once cleared it grows as a ``SlotCache`` (its graphs are then stale)."""
 
     def __init__(self, layers: int, slots: int, capacity: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
                  device: Any) -> None:
@@ -53,7 +49,7 @@ class StaticCache(SlotCache):
         if not self.fixed:
             return super().reserve(rows, length)
         if not self.fits(rows, length):
-            raise CacheOutgrown(f"{rows} rows of {length} positions do not fit the static cache's "
+            raise CdslError(f"{rows} rows of {length} positions do not fit the static cache's "
                                 f"{self.spare} slots of {self.length}")
         return None
 

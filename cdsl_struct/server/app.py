@@ -408,9 +408,9 @@ def serve(host: str = "127.0.0.1", port: int = 8000, model: str = "smollm2", dra
                          "max_prompt_tokens": max_prompt_tokens, "tool_format": tool_format}
     generator = Generator(**generator_options, torch_compile="off")
     load = generator.load()
-    runner = ("graph runner" if load.static_runner else "ragged runner" if load.ragged_runner
-              else "padded runner")
-    if load.static_runner:
+    static = getattr(load, "static_runner", False)
+    runner = "graph runner" if static else "ragged runner" if load.ragged_runner else "padded runner"
+    if static:
         runner += f" ({load.cuda_graphs} CUDA graphs)" if load.cuda_graphs else f" (eager: {load.graphs_off})"
     if load.runner_fallback:
         runner += f" (a runner failed its self-check: {load.runner_fallback})"
