@@ -25,7 +25,7 @@ from ..models.batch import Feed
 from ..models.runner import ModelRunner
 from ..result import DecodeStats, Result, parse_value
 from .budget import BudgetCloser
-from .sampling import SamplingParams, choose, distribution
+from .sampling import SamplingParams, choose, distribution, draw_tokens
 from .strategy import MAIN, Passes, StepProgram
 
 _log = logging.getLogger(__name__)
@@ -249,16 +249,25 @@ def greedy_choices(masked: torch.Tensor) -> list[int]:
     return torch.where(torch.isfinite(best), index, -1).tolist()
 
 
-def mask_and_choose(logits: torch.Tensor, masks: torch.Tensor) -> list[int]:
-    """Mask ``logits`` in place by ``masks`` (one packed row per row of logits) and choose greedily
-    in every row (``greedy_choices``): a few ops over all rows and one read back of the choices
-    (on the CPU, numpy kernels over the logits' memory, read once)."""
+def mask_and_choose(logits: torch.Tensor, masks: torch.Tensor,
+                    draws: Sequence[tuple[int, SamplingParams, torch.Generator]] = ()) -> tuple[list[int], list[int]]:
+    """Mask ``logits`` in place by ``masks`` (one packed row per row of logits), choose greedily in
+    every row (``greedy_choices``) and draw a token for each of ``draws`` (``(row, params,
+    generator)``: ``sampling.draw_tokens``): a few ops over all rows and ONE read back of the choices
+    and the draws together (on the CPU, numpy kernels over the logits' memory, read once).
+    Returns (choices, draws)."""
     if host_kernels(logits):
         rows = logits.numpy()
         mask_on_host(rows, masks)
-        return _host_choices(rows)
+        # the logits are host memory here: drawing over that memory reads nothing more back
+        return _host_choices(rows), draw_tokens(torch.from_numpy(rows), draws).tolist() if draws else []
     apply_bitmask(logits, masks)
-    return greedy_choices(logits)
+    best, index = logits.max(dim=-1)
+    chosen = torch.where(torch.isfinite(best), index, -1)
+    if draws:
+        chosen = torch.cat([chosen, draw_tokens(logits, draws)])
+    values = chosen.tolist()
+    return values[:logits.shape[0]], values[logits.shape[0]:]
 
 
 def _host_choices(rows: np.ndarray) -> list[int]:
@@ -268,11 +277,13 @@ def _host_choices(rows: np.ndarray) -> list[int]:
     return np.where(np.isfinite(best), index, -1).tolist()
 
 
-def commit(session: Session, proposal: Proposal, masked: torch.Tensor, choices: list[int] | None = None) -> list[int]:
+def commit(session: Session, proposal: Proposal, masked: torch.Tensor, choices: list[int] | None = None,
+           drawn: int | None = None) -> list[int]:
     """Verify ``proposal`` against the target's masked logits (one row per proposed position plus
     one), roll the state back past the rejected tail, and commit. Returns the committed tokens
-    ([] = dead end). ``choices``: the argmax of every row, when the caller computed them in bulk."""
-    accepted, extra = verify(session, proposal, masked, choices)
+    ([] = dead end). ``choices``: the argmax of every row, when the caller computed them in bulk;
+    ``drawn``: a sampling row's token drawn at the last position in bulk (``mask_and_choose``)."""
+    accepted, extra = verify(session, proposal, masked, choices, drawn)
     session.stats.accepted += accepted
     session.state.rollback(len(proposal.tokens) - accepted)
     committed = proposal.tokens[:accepted]
@@ -291,12 +302,13 @@ def commit(session: Session, proposal: Proposal, masked: torch.Tensor, choices: 
 
 
 def verify(session: Session, proposal: Proposal, masked: torch.Tensor,
-           choices: list[int] | None = None) -> tuple[int, int | None]:
+           choices: list[int] | None = None, drawn: int | None = None) -> tuple[int, int | None]:
     """How many proposed tokens the target accepts, and the token it adds after them.
 
     ``masked[i]`` holds the target's logits at proposed position ``i`` already masked by
     ``proposal.masks[i]`` (``mask_positions``); ``choices[i]``, if given, is their argmax
-    (``greedy_choices``: -1 where nothing is allowed).
+    (``greedy_choices``: -1 where nothing is allowed); ``drawn``, if given, a sampling row's draw
+    at the last position (``sampling.draw_tokens``), taken when every proposed token is accepted.
 
     Greedy: accept while the masked target argmax equals the proposal; the argmax at the first
     mismatch (or after the last proposal) is the extra token. Sampling: accept token x with
@@ -333,6 +345,8 @@ def verify(session: Session, proposal: Proposal, masked: torch.Tensor,
     if params.greedy:
         best = choices[accepted]
         return (accepted, best) if best >= 0 else (accepted, None)
+    if drawn is not None:
+        return accepted, drawn if drawn >= 0 else None
     final = masked[accepted]
     if not torch.isfinite(final).any():
         return accepted, None

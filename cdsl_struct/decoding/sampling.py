@@ -4,6 +4,7 @@ speculative sampling compares."""
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +64,34 @@ def distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
         probs /= probs.sum()
     return probs
+
+
+def draw_tokens(logits: torch.Tensor, draws: Sequence[tuple[int, SamplingParams, torch.Generator]]) -> torch.Tensor:
+    """One token for each ``(row, params, generator)`` of already-masked ``logits`` (``[rows,
+    vocab]``), drawn where the logits are, with no read back: Gumbel-max, the argmax of the
+    logits over the row's temperature plus noise from the row's own generator, over its top-p
+    nucleus (the same distribution as ``choose``'s, not the same draws). -1 where the row allows
+    nothing. The engine reads the draws back with the step's argmaxes, in its one transfer."""
+    rows = torch.stack([logits[row] for row, _, _ in draws]).float()
+    temperatures = torch.tensor([params.temperature for _, params, _ in draws], dtype=torch.float32)
+    scaled = rows / temperatures.to(rows.device, non_blocking=True)[:, None]
+    nucleus = [i for i, (_, params, _) in enumerate(draws) if params.top_p < 1.0]
+    for i in nucleus:  # few rows ask for top-p; each keeps the smallest set of its mass
+        scaled[i] = _nucleus(scaled[i], draws[i][1].top_p)
+    noise = torch.stack([torch.rand(rows.shape[-1], generator=generator, device=rows.device)
+                         for _, _, generator in draws])
+    keyed = scaled - torch.log(-torch.log(noise))  # u = 0 gives -inf: never drawn
+    best, index = keyed.max(dim=-1)
+    return torch.where(torch.isfinite(best), index, -1)
+
+
+def _nucleus(scaled: torch.Tensor, top_p: float) -> torch.Tensor:
+    """``scaled`` logits with those outside the top-``top_p`` nucleus (as ``distribution`` keeps it) at -inf."""
+    probs = torch.softmax(scaled, dim=-1)
+    sorted_probs, order = torch.sort(probs, descending=True)
+    outside = torch.cumsum(sorted_probs, dim=-1) - sorted_probs >= top_p
+    outside[..., 0] = False
+    return scaled.scatter(-1, order, torch.where(outside, float("-inf"), scaled.gather(-1, order)))
 
 
 def choose(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:

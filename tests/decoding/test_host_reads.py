@@ -14,6 +14,7 @@ from cdsl_struct.constraints import JsonSchema, Regex, compile, mask
 from cdsl_struct.decoding import build_proposers, loop
 from cdsl_struct.decoding.engine import BatchEngine, Request
 from cdsl_struct.decoding.penalties import Penalties
+from cdsl_struct.decoding.sampling import SamplingParams
 from cdsl_struct.models.self_check import batch_runner
 from cdsl_struct.models.tokenizers import load_tokenizer
 from cdsl_struct.prompts import prompt_ids
@@ -50,9 +51,10 @@ on_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA
                                                        pytest.param(2, "cuda", marks=on_cuda)])
 def test_every_step_reads_the_device_once(setup, monkeypatch, mask_workers, kernels):
     """JSON and regex rows, prompt lookup drafts (speculation, rollback), forced tokens, the loop
-    guard and penalties, rows joining and ending: one read a step, with the CPU's numpy kernels
-    (their one view of the logits), with the torch ops a GPU runs (forced here), with those on the
-    static-shape runner a GPU runs by default (its steps eager here), and on a GPU."""
+    guard and penalties, rows that sample (top-p too; no drafts), rows joining and ending: one read
+    a step, with the CPU's numpy kernels (their one view of the logits), with the torch ops a GPU
+    runs (forced here), with those on the static-shape runner a GPU runs by default (its steps
+    eager here), and on a GPU."""
     if kernels == "static":
         monkeypatch.setenv("CDSL_RUNNER", "static")
     if kernels in ("device", "static"):
@@ -67,7 +69,9 @@ def test_every_step_reads_the_device_once(setup, monkeypatch, mask_workers, kern
     lookup = build_proposers("lookup", model)
     requests = [Request(tuple(prompt_ids(tokenizer, text)), date if i == 2 else json_spec, max_tokens=10 + 3 * i,
                         proposers=lookup if i % 2 else (), loop_guard=True,
-                        penalties=Penalties(frequency=0.5) if i == 3 else None)
+                        penalties=Penalties(frequency=0.5) if i == 3 else None,
+                        params=SamplingParams(temperature=0.8, top_p=0.9 if i == 4 else 1.0, seed=i) if i in (0, 4)
+                        else SamplingParams())
                 for i, text in enumerate(prompts(5))]
     engine = BatchEngine(batch_runner(model, pad_token_id=0), max_batch_size=3, kv_budget_bytes=float("inf"),
                          mask_workers=mask_workers)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from cdsl_struct.decoding.sampling import MIN_TEMPERATURE, SamplingParams, choose, distribution
+from cdsl_struct.decoding.sampling import MIN_TEMPERATURE, SamplingParams, choose, distribution, draw_tokens
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1e-300, 5e-324, 1e-38, MIN_TEMPERATURE / 2])
@@ -24,3 +24,31 @@ def test_a_top_p_below_float32_precision_keeps_the_most_likely_token(top_p):
 def test_top_p_keeps_the_smallest_nucleus():
     probs = distribution(torch.log(torch.tensor([0.5, 0.3, 0.2])), SamplingParams(temperature=1.0, top_p=0.7))
     assert probs.tolist() == pytest.approx([0.5 / 0.8, 0.3 / 0.8, 0.0])
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.5, 1.0), (1.3, 0.7)])
+def test_draws_on_the_device_follow_the_distribution_choose_samples(temperature, top_p):
+    """Gumbel-max draws (``draw_tokens``, what the engine reads back with its argmaxes) against
+    ``distribution``: every token within a few standard errors of its probability, masked and
+    out-of-nucleus tokens never drawn."""
+    logits = torch.log(torch.tensor([0.4, 0.25, 0.15, 0.1, 0.1, 0.0]))  # the last one masked (-inf)
+    params = SamplingParams(temperature=temperature, top_p=top_p)
+    expected = distribution(logits, params)
+    n = 6000
+    generators = [torch.Generator().manual_seed(seed) for seed in range(n)]
+    rows = logits.expand(n, -1).clone()
+    drawn = draw_tokens(rows, [(i, params, generators[i]) for i in range(n)])
+    counts = torch.bincount(drawn, minlength=6).double() / n
+    error = (expected.double() * (1 - expected.double()) / n).sqrt()
+    assert (counts - expected.double()).abs().le(5 * error + 1e-12).all(), (counts, expected)
+    assert counts[5] == 0 and (counts[expected == 0] == 0).all()
+
+
+def test_a_draw_depends_on_its_own_generator_alone_and_is_minus_one_where_nothing_is_allowed():
+    params = SamplingParams(temperature=1.0, seed=3)
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(1))
+    logits[2] = -float("inf")
+    alone = draw_tokens(logits[:1], [(0, params, params.generator())])
+    crowd = draw_tokens(logits, [(1, SamplingParams(temperature=0.7), SamplingParams(temperature=0.7).generator()),
+                                 (0, params, params.generator()), (2, params, params.generator())])
+    assert crowd[1] == alone[0] and crowd[2] == -1
