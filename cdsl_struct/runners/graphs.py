@@ -63,8 +63,9 @@ class StepGraphs:
         return self.capture_seconds
 
     def replay(self, bucket: Bucket) -> torch.Tensor | None:
-        """Replay ``bucket``'s graph on the inputs loaded; its output (overwritten by the next replay
-        of any graph sharing the pool: read it first), or None where the bucket has no graph."""
+        """Replay ``bucket``'s graph on the inputs loaded; its output tensor (the same one every
+        replay of the bucket overwrites: read it before the next), or None where the bucket has no
+        graph."""
         entry = self.graphs.get(bucket)
         if entry is None:
             return None
