@@ -25,7 +25,7 @@ step() {  # step NAME SECONDS COMMAND...
 step graphs 240 $LAB graphs --device cuda --rows 64 --requests 512 --max-tokens 96 --check-steps 8 \
   --one-row-requests 6 --ragged-requests 48 --profile mix_served --json "$OUT/graphs.json"
 step cudatests 90 python3 -m pytest -q -p no:cacheprovider tests/runners/test_cuda.py
-step throughput 150 $LAB throughput --device cuda --batch 1,16,64 --requests 64 --max-tokens 48 --no-hf \
+step throughput 150 $LAB throughput --device cuda --batch 1,16,64 --requests 64 --max-tokens 48 --no-hf --no-hf-static \
   --json "$OUT/throughput.json"
 # the server on the GPU, 64 clients at once (and a few one at a time)
 if [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" serve64 "* ]]; then

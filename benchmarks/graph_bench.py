@@ -155,8 +155,8 @@ def run(args: argparse.Namespace) -> int:
                 summary["engine"][name] = outcome
                 _say(args, f"{name}: {outcome}")
     if not args.no_hf:
-        summary["hf_static"] = section("hf_static", lambda: _hf_static(loaded, jobs, args.rows, args.max_tokens, pad,
-                                                                       cuda))
+        summary["hf_static"] = section("hf_static", lambda: hf_static_generate(
+            loaded, jobs, args.rows, args.max_tokens, pad, cuda))
         _say(args, f"hf static: {summary['hf_static']}")
     summary["ratios"] = _ratios(summary)
     return write_report(report, _table(summary), args)
@@ -281,14 +281,25 @@ def _replay_check(runner: Any, model: Any, pad: int, steps: int, cuda: bool) -> 
             "same_argmax": f"{same}/{total}", "sync_errors": sync_errors, "static_off": runner.static_off}
 
 
-def _hf_static(loaded: Any, jobs: list[Any], rows: int, max_tokens: int, pad: int, cuda: bool) -> dict[str, Any]:
+def hf_static_generate(loaded: Any, jobs: list[Any], rows: int, max_tokens: int, pad: int,
+                       cuda: bool) -> dict[str, Any]:
     """transformers' static-cache compiled ``generate`` over the same prompts in batches of ``rows``
     (left-padded to one length, so one compiled shape serves every batch; the last batch filled with
     repeats, not counted): free text, and each row under its own constraint through our processor."""
     from cdsl_struct.integrations.transformers_processor import constrained
 
     model, eos = loaded.model, set(loaded.eos_token_ids)
-    model.set_attn_implementation("sdpa")  # as loaded: our runners switched it to theirs (restored after)
+    ours = model.config._attn_implementation
+    model.set_attn_implementation("sdpa")  # as loaded: our runners switched it to theirs
+    try:
+        return _hf_static_runs(loaded, jobs, rows, max_tokens, pad, cuda, constrained, eos)
+    finally:
+        model.set_attn_implementation(ours)
+
+
+def _hf_static_runs(loaded: Any, jobs: list[Any], rows: int, max_tokens: int, pad: int, cuda: bool,
+                    constrained: Any, eos: set[int]) -> dict[str, Any]:
+    model = loaded.model
     width = max(len(prompt) for _, prompt, _ in jobs)
     batches = [jobs[i:i + rows] for i in range(0, len(jobs), rows)]
 

@@ -28,6 +28,7 @@ from cdsl_struct.bench.throughput import (
     say,
 )
 from cdsl_struct.bench.throughput import add_arguments as add_engine_arguments
+from cdsl_struct.models import resolve_device
 
 from .speculative import OutlinesCoreLogitsProcessor, outlines_index
 
@@ -38,6 +39,7 @@ class BaselinesConfig(ThroughputConfig):
 
     with_hf: bool = True
     hf_requests: int = 16
+    with_hf_static: bool = False
     with_outlines: bool | None = None  # None: when the outlines package is installed
 
 
@@ -53,6 +55,27 @@ def hf_baseline(run: ThroughputRun) -> None:
         rate = hf["tokens_per_s"]
         entry["speedup_vs_hf"] = round(entry["tokens_per_s"] / rate, 3) if rate else None
     say(run.progress, f"HF generate: {hf['tokens_per_s']:.1f} tok/s")
+
+
+def hf_static_baseline(run: ThroughputRun) -> None:
+    """``summary["hf_static"]``: transformers' static-cache compiled ``generate`` over every request
+    in batches of the largest B (free text, and each row under its own constraint through our
+    processor), with our free text and our mix as served at that B against it (``--hf-static``;
+    on by default on a CUDA device)."""
+    if not getattr(run.config, "with_hf_static", False):
+        return
+    from .graph_bench import hf_static_generate
+
+    largest = run.summary["batches"][-1]
+    jobs = [(job.item, job.prompt, job.compiled) for job in run.jobs]
+    hf = hf_static_generate(run.loaded, jobs, largest["batch"], run.config.max_tokens, run.pad,
+                            run.loaded.device.type == "cuda")
+    free = run.summary.get("unconstrained", {}).get("tokens_per_s")
+    hf["ours_served_vs_with_processor"] = round(largest["tokens_per_s"] / hf["with_our_processor"]["tokens_per_s"], 3)
+    hf["ours_free_vs_free"] = round(free / hf["free"]["tokens_per_s"], 3) if free else None
+    run.summary["hf_static"] = hf
+    say(run.progress, f"HF static compiled generate: free {hf['free']['tokens_per_s']:.1f} tok/s, with our "
+                      f"processor {hf['with_our_processor']['tokens_per_s']:.1f} tok/s")
 
 
 def outlines_baseline(run: ThroughputRun) -> None:
@@ -163,6 +186,12 @@ def format_baselines(report: dict[str, Any]) -> str:
                      f"({hf['with_outlines_processor']} with the outlines-core processor, the rest unconstrained): "
                      f"{hf['tokens_per_s']:.1f} tok/s, {hf['tokens']} tokens in {hf['wall_s']:.2f} s, "
                      f"valid {hf['valid']}/{hf['requests']}")
+    if "hf_static" in summary:
+        h = summary["hf_static"]
+        lines.append(f"transformers' static-cache compiled generate at {h['rows']} rows: free text "
+                     f"{h['free']['tokens_per_s']:.1f} tok/s (ours {h['ours_free_vs_free']}x), with our processor "
+                     f"{h['with_our_processor']['tokens_per_s']:.1f} tok/s (ours as served "
+                     f"{h['ours_served_vs_with_processor']}x)")
     if "outlines" in summary:
         o = summary["outlines"]
         missing = "; ".join(f"{k}: {v}" for k, v in o["unsupported"].items()) or "none"
@@ -179,10 +208,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(parser)
     parser.add_argument("--hf-requests", type=int, default=16, help="HF baseline over the first N requests")
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers generate baseline")
+    parser.add_argument("--hf-static", action=argparse.BooleanOptionalAction, default=None,
+                        help="transformers' static-cache compiled generate over every request at the largest B "
+                             "(default: on a CUDA device)")
 
 
 def run(args: argparse.Namespace) -> int:
     """The engine's sweep, then the baselines; print the table, write the report."""
-    config = BaselinesConfig(**vars(config_from(args)), with_hf=not args.no_hf, hf_requests=args.hf_requests)
-    report = run_throughput_bench(config, progress=not args.no_progress, baselines=(hf_baseline, outlines_baseline))
+    hf_static = args.hf_static if args.hf_static is not None else resolve_device(args.device).type == "cuda"
+    config = BaselinesConfig(**vars(config_from(args)), with_hf=not args.no_hf, hf_requests=args.hf_requests,
+                             with_hf_static=hf_static)
+    report = run_throughput_bench(config, progress=not args.no_progress,
+                                  baselines=(hf_baseline, hf_static_baseline, outlines_baseline))
     return write_report(report, format_baselines(report), args)
