@@ -32,7 +32,6 @@ from cdsl_struct.bench.throughput import FREE_TEXT, build_workload
 from cdsl_struct.constraints import Regex, compile
 from cdsl_struct.decoding import BatchEngine, Request, build_proposers
 from cdsl_struct.models import Feed, batch_runner, load_model
-from cdsl_struct.models.prefix_cache import PrefixCache
 from cdsl_struct.prompts import prompt_ids
 
 
@@ -167,7 +166,7 @@ def _engine(runner: Any, made: list[Request], rows: int, items: list[Any] | None
     """``made`` through a fresh engine of ``rows`` rows on ``runner`` (its prefix cache emptied
     first); with ``profile``, cProfile's top functions of the engine's thread under ``profile``."""
     if runner.prefixes is not None:
-        runner.prefixes = PrefixCache(runner.prefixes.max_bytes)
+        runner.prefixes.clear()
     replays, eager = getattr(runner, "replays", 0), getattr(runner, "eager_steps", 0)
     engine = BatchEngine(runner, max_batch_size=rows)
     profiler = cProfile.Profile() if profile else None
@@ -222,7 +221,7 @@ def _replay_ms(runner: Any, repeats: int = 20) -> dict[str, float]:
 
 
 def _ragged_runner(model: Any, pad: int) -> Any:
-    from cdsl_struct.models.ragged import RaggedRunner
+    from cdsl_struct.models import RaggedRunner
 
     return RaggedRunner(model, pad_token_id=pad)
 
@@ -231,7 +230,7 @@ def _replay_check(runner: Any, model: Any, pad: int, steps: int, cuda: bool) -> 
     """A random engine-like script through ``runner`` (its graphs) and an eager static runner:
     the largest logit difference, the share of kept positions with the same argmax, and any error
     the sync debug mode raised inside a step."""
-    from cdsl_struct.runners.runner import GraphRunner
+    from cdsl_struct.runners import GraphRunner
 
     eager = GraphRunner(model, pad_token_id=pad, prefix_cache_bytes=0, buckets=runner.buckets, graphs=False)
     prefixes, runner.prefixes = runner.prefixes, None
@@ -241,8 +240,9 @@ def _replay_check(runner: Any, model: Any, pad: int, steps: int, cuda: bool) -> 
     worst, same, total, sync_errors = 0.0, 0, 0, []
     replays = runner.replays
     for step in range(steps):
-        if len(held) < 40 and rng.random() < 0.6:
-            for _ in range(rng.randint(1, 6)):
+        room = min(40, runner.buckets.max_rows) - len(held)  # more rows than the buckets hold leave the graphs
+        if room > 0 and (not held or rng.random() < 0.6):
+            for _ in range(rng.randint(1, min(6, room))):
                 held[f"r{step}_{len(held)}"] = [rng.randrange(vocab) for _ in range(rng.randint(4, 300))]
         if len(held) > 2 and rng.random() < 0.3:
             gone = rng.sample(sorted(held), rng.randint(1, 2))

@@ -69,6 +69,11 @@ class PrefixCache:
         while self.bytes > self.max_bytes:
             self._drop(next(iter(self.entries)))
 
+    def clear(self) -> None:
+        """Forget every stored prefix (the hit counters keep running)."""
+        self.entries.clear()
+        self.bytes = 0
+
     def _drop(self, key: tuple[int, ...]) -> None:
         kv = self.entries.pop(key)
         self.bytes -= sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)

@@ -82,11 +82,11 @@ def _graph_runner(model: Any, pad_token_id: int, **kwargs: Any) -> tuple[Any, st
         reason = f"the graph runner failed to start: {type(exc).__name__}: {exc}"
         logger.warning("%s; falling back to the ragged runner", reason)
         return None, reason
-    problem = check_runner(runner)
+    problem = check_runner(runner) or runner.static_off
     if problem is not None and runner.graphs is not None:
         runner.graphs, runner.graphs_off = None, f"the graphs failed the self-check: {problem}"
         logger.warning("CUDA graphs off: %s; the static steps run eagerly", runner.graphs_off)
-        problem = check_runner(runner)
+        problem = check_runner(runner) or runner.static_off
     if problem is not None:
         reason = f"the graph runner failed its self-check: {problem}"
         logger.warning("%s; falling back to the ragged runner", reason)

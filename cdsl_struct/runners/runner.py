@@ -29,6 +29,9 @@ logger = logging.getLogger(__name__)
 
 #: the positions a slot holds by default (prompt and output together), at most the model's own limit
 DEFAULT_CAPACITY = 2048
+#: slots the cache holds at least, past the buckets' rows (a step of more rows than a bucket holds
+#: runs ragged on them): the load-time self-check feeds three rows
+MIN_SLOTS = 4
 
 
 def default_capacity(model: Any, rows: int) -> int:
@@ -66,7 +69,7 @@ class GraphRunner(RaggedRunner):
             rows = max_rows or DECODE_ROWS[-1]
             buckets = Buckets.up_to(rows, capacity or default_capacity(model, rows))
         self.buckets = buckets
-        self.cache = StaticCache.for_model(model, buckets.max_rows, buckets.capacity)
+        self.cache = StaticCache.for_model(model, max(buckets.max_rows, MIN_SLOTS), buckets.capacity)
         self.step = StaticStep(model, self.cache, max(b.size for b in buckets.all()))
         self.lm_head = model.get_output_embeddings()
         self.graphs: StepGraphs | None = None

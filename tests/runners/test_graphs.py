@@ -145,7 +145,8 @@ def test_the_self_check_drops_graphs_that_disagree_with_the_model(model, monkeyp
 
 def test_the_engine_runner_is_the_graph_runner_where_asked(model, monkeypatch):
     monkeypatch.setenv("CDSL_RUNNER", "static")
-    runner = self_check.batch_runner(model)
+    runner = self_check.batch_runner(model, max_rows=2)  # fewer rows than the check feeds: its cache holds them
     assert isinstance(runner, GraphRunner) and runner.graphs is None  # no CUDA here: eager static steps
+    assert runner.static_off is None and runner.buckets.max_rows == 2
     assert runner.rows == 0 and runner.passes == 0
     assert torch.device(runner.device).type == "cpu"

@@ -127,5 +127,5 @@ def test_a_row_outgrowing_the_cache_leaves_the_static_path_and_stays_correct(mod
     out = runner.run([Feed("a", list(range(1, 30)), 2)])
     assert runner.static_off and "outgrew" in runner.static_off
     assert close(out[0], solo(model, list(range(1, 30)), keep=2))
-    runner.run([Feed("b", [1, 2], 1), Feed("c", [3], 1)])  # a third row: more than the two slots
+    runner.run([Feed("b", [1, 2], 1), Feed("c", [3], 1)])  # a third row: more than any bucket holds
     assert close(runner.run([Feed("c", [3, 4], 1)])[0], solo(model, [3, 4]))
