@@ -129,7 +129,8 @@ class Programs:
     def _draft_pass(self, rows: list[Any], model: Any) -> list[tuple[Any, list[int]]]:
         """One batched forward of ``model`` for the draft feeds of ``rows``."""
         if id(model) not in self.drafts:
-            self.drafts[id(model)] = batch_runner(model, self.target.pad_token_id, name="draft",
+            # made on the first draft pass, a request's path: no CUDA graphs to capture there
+            self.drafts[id(model)] = batch_runner(model, self.target.pad_token_id, name="draft", graphs=False,
                                                   prefix_cache_bytes=DRAFT_PREFIX_CACHE_BYTES)
         runner = self.drafts[id(model)]
         feeds = [_engine_feeds(row, row.pending) for row in rows]

@@ -39,7 +39,7 @@ TOLERANCE = {torch.float32: (1e-3, 1e-4), torch.bfloat16: (0.1, 0.06), torch.flo
 _checked: weakref.WeakKeyDictionary[Any, str | None] = weakref.WeakKeyDictionary()
 
 
-def batch_runner(model: Any, pad_token_id: int = 0, *, max_rows: int | None = None,
+def batch_runner(model: Any, pad_token_id: int = 0, *, max_rows: int | None = None, graphs: bool = True,
                  **kwargs: Any) -> RaggedRunner | BatchRunner:
     """The engine's runner for ``model``: on a CUDA device the static-shape ``GraphRunner`` (its
     steps replayed from CUDA graphs) where it passes ``check_runner``; else ``RaggedRunner`` where the
@@ -47,12 +47,13 @@ def batch_runner(model: Any, pad_token_id: int = 0, *, max_rows: int | None = No
     ``BatchRunner`` (with ``fallback_reason`` set where a check failed). ``CDSL_RUNNER`` forces one:
     ``static`` (the graph runner, eager off a GPU), ``ragged`` or ``padded`` (for comparisons).
     ``max_rows``: the most rows the graph runner's buckets hold (default 64; more leave its static
-    steps)."""
+    steps). ``graphs=False``: never the graph runner (for a runner made on a request's path, which
+    must not stall it for a capture)."""
     choice = os.environ.get("CDSL_RUNNER", "").lower()
     if choice == "padded" or not supports_ragged(model):
         return BatchRunner(model, pad_token_id=pad_token_id, **kwargs)
     static_reason = None
-    if choice == "static" or (choice != "ragged" and model_device(model).type == "cuda"):
+    if choice == "static" or (graphs and choice != "ragged" and model_device(model).type == "cuda"):
         runner, static_reason = _graph_runner(model, pad_token_id, max_rows=max_rows, **kwargs)
         if runner is not None:
             return runner

@@ -150,3 +150,14 @@ def test_the_engine_runner_is_the_graph_runner_where_asked(model, monkeypatch):
     assert runner.static_off is None and runner.buckets.max_rows == 2
     assert runner.rows == 0 and runner.passes == 0
     assert torch.device(runner.device).type == "cpu"
+
+
+def test_a_runner_made_on_a_request_path_never_captures(model, monkeypatch):
+    """On a CUDA device the engine's runner is the graph runner, but a draft runner (made on the
+    first draft pass, ``graphs=False``) is the ragged one: no capture stalls a request."""
+    asked = []
+    monkeypatch.setattr(self_check, "model_device", lambda _: torch.device("cuda"))
+    monkeypatch.setattr(self_check, "_graph_runner", lambda *a, **k: asked.append(k) or (None, "recorded"))
+    assert type(self_check.batch_runner(model, graphs=False)).__name__ == "RaggedRunner" and asked == []
+    runner = self_check.batch_runner(model)
+    assert asked and type(runner).__name__ == "RaggedRunner" and runner.fallback_reason == "recorded"
