@@ -40,23 +40,60 @@ import logging
 import os
 import sysconfig
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
 from ..options import COMPILE_MODES
 from .attention import ragged_step as _step
+from .packed import pack_linears, prepack
 
 log = logging.getLogger(__name__)
 
-#: inductor settings while compiling: freezing folds the weights into the graph as constants
-#: (prepacked on the CPU); set as a config patch around each call (``torch.compile(options=...)``
-#: did not turn it on in torch 2.13: a single-row step stayed at eager speed). ``enable_concat_linear``:
-#: the projections that read the same input (query, key and value; gate and up) run as one matmul
-#: against their concatenated weights, four oneDNN calls a layer instead of seven
-INDUCTOR_CONFIG = {"freezing": True, "emulate_precision_casts": True, "cpp.threads": 1,
-                   "cpp.enable_concat_linear": True}
+class DedupePackedLinears(CustomGraphPass):
+    """Inductor pass: of several ``packed_linear`` products with the same inputs, keep the first.
+
+    Sibling projections of one input (query, key and value; gate and up) each multiply by their
+    group's whole packed matrix and take their columns (``PackedLinear._traced``); one product is left,
+    four oneDNN calls a layer instead of seven. The op is pure, so equal inputs give equal outputs."""
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        # the views each sibling takes of the input are separate nodes: equal views are merged first
+        pure = {torch.ops.cdsl_struct.packed_linear.default, torch.ops.aten.view.default,
+                torch.ops.aten.reshape.default, torch.ops.aten._unsafe_view.default}
+        seen: dict[tuple[Any, ...], torch.fx.Node] = {}
+        for node in list(graph.nodes):
+            if node.op != "call_function" or node.target not in pure:
+                continue
+            key = (node.target, _hashable(node.args), _hashable(node.kwargs))
+            first = seen.setdefault(key, node)
+            if first is not node:
+                node.replace_all_uses_with(first)
+                graph.erase_node(node)
+
+    def uuid(self) -> str:
+        return get_hash_for_files((__file__,)).hex()
+
+
+def _hashable(value: Any) -> Any:
+    """``value`` (a node's arguments) with its lists and dicts as tuples."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_hashable(item) for item in value)
+    if isinstance(value, dict):
+        return tuple(sorted((key, _hashable(item)) for key, item in value.items()))
+    return value
+
+
+def inductor_config() -> dict[str, Any]:
+    """inductor settings while compiling, set as a config patch around each call (``torch.compile(options=
+    ...)`` did not apply them in torch 2.13). No freezing: the weights stay graph inputs (the linears
+    multiply by the packed copies ``packed.prepack`` made), so inductor's graph and AOTAutograd caches
+    hold the compiled graphs and a second process loads them instead of compiling."""
+    return {"emulate_precision_casts": True, "cpp.threads": 1,
+            "post_grad_custom_post_pass": DedupePackedLinears()}
 
 
 #: how torch 2.13's inductor calls a compiled CPU kernel from its Python wrapper: holding the GIL
@@ -89,41 +126,102 @@ def release_gil_in_cpu_kernels() -> bool:
     return True
 
 
-def identity_guards_only(entries: list[Any]) -> list[bool]:
-    """Dynamo's guard filter for the compiled forward: of the guards on the model's modules, keep only
-    the identity ones (``ID_MATCH``: which parameter object each weight is); keep every other guard.
+def module_guards_dropped(entries: list[Any]) -> list[bool]:
+    """Dynamo's guard filter for a compiled decoder layer: of the guards on its modules (their types,
+    hook dicts, attributes and identities), keep only the tensor ones (each weight's dtype, shape and
+    strides); keep every guard on the step's inputs.
 
-    A transformers model has a dozen or more guards on each of its submodules (their types, hook
-    dicts, attributes): ~1.5 ms of guard checks before every SmolLM2 step, 5-6% of a one-row step.
-    The runner owns the model and changes none of that after compiling. The identity guards stay
-    because they are what tells two models of one class apart (dynamo keeps compiled graphs per code
-    object): torch's ``skip_guard_on_all_nn_modules_unsafe`` drops them too, and a second model
-    then ran the first one's frozen weights."""
-    return [entry.guard_type == "ID_MATCH" or not entry.orig_guard.source.is_unspecialized_nn_module()
-            for entry in entries]
+    The identities must go: one graph serves every layer, whose modules and weights are other objects.
+    The rest cost guard checks on every call (a transformers model's modules have a dozen or more
+    each: ~1.5 ms a SmolLM2 step when the model was compiled whole) and guard nothing the runner
+    changes. A layer's number, the one attribute that differs between layers, is an input
+    (``ragged_attention.layer_number``), and the weights are inputs, so a graph never runs one layer's
+    weights for another."""
+    return [entry.guard_type == "TENSOR_MATCH" or not _on_module(entry.orig_guard.source) for entry in entries]
+
+
+def _on_module(source: Any) -> bool:
+    """Whether a guard's source is a module or reached through one (the block's ``layers`` included)."""
+    root = source.get_base() if hasattr(source, "get_base") else source
+    return source.is_unspecialized_nn_module() or getattr(root, "local_name", None) == "layers"
+
+
+#: decoder layers run by one compiled graph: a graph per layer cost ~0.3-0.7 ms of calls and guards
+#: a layer on two CPU cores (SmolLM2's 30 layers ran no faster than eager), the whole model ~5 min
+#: of compiling; six layers trace in seconds and are called five times a SmolLM2 step
+LAYERS_PER_GRAPH = 6
+
+
+def layer_blocks(layers: list[Any], size: int = LAYERS_PER_GRAPH) -> list[tuple[Any, ...]]:
+    """``layers`` in runs of at most ``size`` consecutive layers of one class and one attention type
+    (a model mixing sliding and full attention hands its layers different masks)."""
+    blocks: list[list[Any]] = []
+    for layer in layers:
+        kind = (type(layer), getattr(layer, "attention_type", None))
+        last = blocks[-1] if blocks else None
+        if last is None or len(last) == size or (type(last[0]), getattr(last[0], "attention_type", None)) != kind:
+            blocks.append([layer])
+        else:
+            last.append(layer)
+    return [tuple(block) for block in blocks]
+
+
+def run_layers(layers: tuple[Any, ...], hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """Run ``layers`` one after another, as the model's own loop does (the function compiled)."""
+    for layer in layers:
+        hidden_states = type(layer).forward(layer, hidden_states, *args, **kwargs)
+    return hidden_states
+
+
+def _passed_on(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """The forward of a layer its block's first layer already ran."""
+    return hidden_states
+
+
+def decoder_layers(model: Any) -> list[Any]:
+    """The repeated decoder blocks of a transformers causal LM (``get_decoder().layers``)."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
+    layers = getattr(decoder, "layers", None)
+    if not layers:
+        raise TypeError(f"{type(model).__name__} has no decoder layers to compile")
+    return list(layers)
 
 
 class CompiledForward:
-    """A model's forward compiled for ragged steps, with an eager fallback.
+    """A model's forward for ragged steps with its decoder layers compiled, and an eager fallback.
+
+    The layers run in blocks (``layer_blocks``) through one compiled function (``run_layers``), whose
+    graphs serve every block alike: the weights, the packed ones and each layer's number are the
+    graph's inputs, not its constants (regional compilation). Compiling costs a block's trace and
+    kernels, not the model's, and the graphs hold no weights, so inductor's caches keep them for the
+    next process. The embedding, the final norm and the LM head run eagerly around the layers. The
+    layers run compiled only inside ``__call__``: the same model called otherwise (the runner's eager
+    fallback, a self-draft sharing its layers) runs eagerly.
 
     Until ``seal`` (``warm`` seals once the shapes a server meets are compiled), a call whose shapes
-    no graph fits compiles one. Sealed, it never compiles: such a call runs the model eagerly
+    no graph fits compiles one. Sealed, it never compiles: such a call runs the layers eagerly
     (dynamo's run-only mode: the graphs compiled so far, else the plain forward, same results), so no
-    request waits minutes for a compile on its path; ``misses`` counts those calls by (tokens fed,
+    request waits for a compile on its path; ``misses`` counts those calls by (tokens fed,
     positions kept), and ``remember_shapes`` keeps them for the next start's warm-up.
 
     ``__call__`` returns the model's output, or None when the compiled path failed (now or
     before): the caller then runs the step eagerly. ``failure`` holds the first error."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, layers_per_graph: int = LAYERS_PER_GRAPH) -> None:
         self.model = model
+        self.layers = decoder_layers(model)
+        self.blocks = layer_blocks(self.layers, layers_per_graph)
+        pack_linears(model)
+        self.packed = prepack(model)
+        self.config = inductor_config()
         self.releases_gil = release_gil_in_cpu_kernels()
         # guard filters came with the torch that has torch's own filters; an older one would refuse the option
         filters = hasattr(torch.compiler, "skip_guard_on_all_nn_modules_unsafe")
-        self.compiled = torch.compile(model, dynamic=True,
-                                      options={"guard_filter_fn": identity_guards_only} if filters else None)
-        self.serving: Any = None
-        """The run-only forward once sealed (``torch._dynamo.run``: the compiled graphs, never a new one)."""
+        options = {"guard_filter_fn": module_guards_dropped} if filters else None
+        self.function = torch.compile(run_layers, dynamic=True, options=options)
+        """``run_layers`` compiled (run-only once sealed)."""
+        self.sealed = False
+        """Whether calls only run graphs compiled already (``seal``)."""
         self.failure: BaseException | None = None
         self.warm_seconds = 0.0
         self.steps = 0
@@ -136,33 +234,34 @@ class CompiledForward:
         """Whether steps still run compiled."""
         return self.failure is None
 
-    @property
-    def sealed(self) -> bool:
-        """Whether calls only run graphs compiled already (``seal``)."""
-        return self.serving is not None
-
     def seal(self) -> None:
         """From now on never compile: a call no compiled graph fits runs eagerly and counts as a miss."""
         import torch._dynamo
 
-        self.serving = torch._dynamo.run(self.model)
+        self.function = torch._dynamo.run(run_layers)
+        self.sealed = True
 
     def __call__(self, **inputs: Any) -> Any:
         if self.failure is not None:
             return None
+        import torch._dynamo.config as dynamo_config
         import torch._inductor.config as inductor_config
 
         try:
-            if self.serving is not None:
+            for block in self.blocks:
+                block[0].__dict__["forward"] = partial(self.function, block)
+                for layer in block[1:]:
+                    layer.__dict__["forward"] = _passed_on
+            if self.sealed:
                 _step.ran_eagerly = False
-                out = self.serving(**inputs)
+                out = self.model(**inputs)
                 if _step.ran_eagerly:
                     shape = (int(inputs["input_ids"].shape[-1]), _kept(inputs.get("logits_to_keep")))
                     self.misses[shape] = self.misses.get(shape, 0) + 1
                     return out
-            else:
-                with inductor_config.patch(INDUCTOR_CONFIG):
-                    out = self.compiled(**inputs)
+            else:  # floats stay constants: a float made symbolic restarts the trace, then is specialised
+                with inductor_config.patch(self.config), dynamo_config.patch(specialize_float=True):
+                    out = self.model(**inputs)
             self.steps += 1
             return out
         except Exception as exc:  # noqa: BLE001 - any compiler or kernel error: the eager path answers
@@ -170,6 +269,9 @@ class CompiledForward:
             log.warning("torch.compile'd forward failed (%s: %s); running eagerly from now on",
                         type(exc).__name__, exc)
             return None
+        finally:
+            for layer in self.layers:
+                layer.__dict__.pop("forward", None)
 
 
 def _kept(logits_to_keep: Any) -> int:

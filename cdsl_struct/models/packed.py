@@ -102,34 +102,102 @@ def _reorder(weight: torch.Tensor) -> torch.Tensor | None:
 
 def _packs(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether a linear of ``weight`` on input ``x`` runs on prepacked weights (else the stock path)."""
-    return (not torch.compiler.is_dynamo_compiling() and x.device.type == "cpu" and weight.device.type == "cpu"
-            and x.dtype == weight.dtype and x.dtype in packable_dtypes() and x.dtype not in _refused
-            and not torch.is_grad_enabled())
+    return (x.device.type == "cpu" and weight.device.type == "cpu" and x.dtype == weight.dtype
+            and x.dtype in packable_dtypes() and x.dtype not in _refused and not torch.is_grad_enabled())
+
+
+@torch.library.custom_op("cdsl_struct::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x`` ([n, in]) times a weight oneDNN prepacked (``_reorder_linear_weight``), plus ``bias``: [n, out].
+    An opaque op to ``torch.compile``: a compiled graph takes the packed weight as an input, so it holds
+    no weights and inductor's caches keep it across processes (``models.compiled``)."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [None], "")
+
+
+@packed_linear.register_fake
+def _packed_linear_shape(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty((x.shape[0], packed.shape[0]))
+
+
+#: the attribute of a ``PackedLinear`` that ``prepack`` sets for traced forwards: (packed weight, bias,
+#: first and last output column taken: a fused sibling's span of its group's matrix)
+TRACED = "_cdsl_traced"
+
+
+def prepack(model: Any) -> int:
+    """Pack every ``PackedLinear`` of ``model`` now and keep the packed weight where a traced forward
+    (``torch.compile``) reads it, so the compiled graph multiplies by it through ``packed_linear``
+    instead of inlining a plain matmul; how many. The weights are read once: a compiled graph does not
+    see weights changed afterwards (call it again, and recompile)."""
+    count = 0
+    for module in model.modules():
+        if type(module) is not PackedLinear or module.weight.dtype not in packable_dtypes():
+            continue
+        module.__dict__.pop(TRACED, None)
+        fused = _fused.get(module)
+        if fused is not None:
+            group, index = fused
+            if group.prepare() is None:
+                continue
+            start, end = group.spans[index]
+            module.__dict__[TRACED] = (group.packed, group.bias, start, end)
+        else:
+            entry = module.packed()
+            if entry is None:
+                continue
+            module.__dict__[TRACED] = (entry, module.bias, 0, module.out_features)
+        count += 1
+    return count
 
 
 class PackedLinear(nn.Linear):
     """An ``nn.Linear`` whose CPU forward multiplies by a prepacked copy of its weight (where this
     CPU packs its dtype: ``packable_dtypes``; elsewhere the stock ``nn.Linear`` forward)."""
 
+    def packed(self) -> torch.Tensor | None:
+        """The prepacked copy of this layer's own weight (made or remade now where it changed); None
+        where oneDNN refused its dtype."""
+        weight = self.weight
+        key = (weight.data_ptr(), weight._version, weight.dtype)
+        entry = _packed.get(self)
+        if entry is None or entry[0] != key:
+            packed = _reorder(weight.detach())
+            if packed is None:
+                return None
+            entry = (key, packed)
+            _packed[self] = entry
+        return entry[1]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight
+        if torch.compiler.is_dynamo_compiling():
+            return self._traced(x)
         if not _packs(x, weight):
             return super().forward(x)
         fused = _fused.get(self)
         if fused is not None:
             out = fused[0].forward(fused[1], x)
             return super().forward(x) if out is None else out
-        key = (weight.data_ptr(), weight._version, weight.dtype)
-        entry = _packed.get(self)
-        if entry is None or entry[0] != key:
-            packed = _reorder(weight.detach())
-            if packed is None:
-                return super().forward(x)
-            entry = (key, packed)
-            _packed[self] = entry
+        packed = self.packed()
+        if packed is None:
+            return super().forward(x)
         shape = x.shape
-        out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]), entry[1], self.bias, "none", [None], "")
+        out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]), packed, self.bias, "none", [None], "")
         return out.reshape(*shape[:-1], out.shape[-1])
+
+    def _traced(self, x: torch.Tensor) -> torch.Tensor:
+        """The forward as ``torch.compile`` traces it: ``packed_linear`` on what ``prepack`` kept (a fused
+        sibling multiplies by its group's whole matrix and takes its columns; the compiler's
+        ``dedupe_packed_linears`` pass leaves one product for the group); the stock path without it."""
+        traced = getattr(self, TRACED, None)
+        if traced is None or x.dtype != traced[0].dtype or x.device.type != "cpu" or torch.is_grad_enabled():
+            return super().forward(x)
+        packed, bias, start, end = traced
+        shape = x.shape
+        out = packed_linear(x.reshape(-1, shape[-1]), packed, bias)
+        if end - start != out.shape[-1]:
+            out = out[:, start:end]
+        return out.reshape(*shape[:-1], end - start)
 
 
 class _FusedSiblings:
@@ -159,7 +227,9 @@ class _FusedSiblings:
         start, end = self.spans[index]
         return last[1][..., start:end]
 
-    def _all(self, x: torch.Tensor) -> torch.Tensor | None:
+    def prepare(self) -> torch.Tensor | None:
+        """The group's packed matrix (made or remade now where a member's weight changed; ``bias``
+        beside it); None where oneDNN refused its dtype."""
         members = [ref() for ref in self.members]
         if any(m is None for m in members):
             raise RuntimeError("a fused projection's sibling was deleted")
@@ -172,8 +242,14 @@ class _FusedSiblings:
             biases = [m.bias for m in members]
             self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
             self.key = key
+        return self.packed
+
+    def _all(self, x: torch.Tensor) -> torch.Tensor | None:
+        packed = self.prepare()
+        if packed is None:
+            return None
         shape = x.shape
-        out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]), self.packed, self.bias, "none", [None], "")
+        out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]), packed, self.bias, "none", [None], "")
         return out.reshape(*shape[:-1], out.shape[-1])
 
 
@@ -224,5 +300,6 @@ def unpack_linears(model: Any) -> int:
             module.__class__ = nn.Linear
             _packed.pop(module, None)
             _fused.pop(module, None)
+            module.__dict__.pop(TRACED, None)
             count += 1
     return count

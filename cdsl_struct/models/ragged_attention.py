@@ -105,19 +105,33 @@ def masked_gqa_safe(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
+#: the attribute of an attention module holding its layer's index as a tensor (``layer_number``)
+LAYER_NUMBER = "_cdsl_layer"
+
+
+def layer_number(module: Any) -> torch.Tensor:
+    """``module.layer_idx`` as a 0-d tensor kept on the module: a compiled layer (``models.compiled``
+    compiles one decoder layer for all) takes it as an input, so one graph serves every layer."""
+    number = getattr(module, LAYER_NUMBER, None)
+    if number is None:
+        number = torch.tensor(int(module.layer_idx))
+        module.__dict__[LAYER_NUMBER] = number
+    return number
+
+
 @torch.library.custom_op("cdsl_struct::ragged_attend", mutates_args=())
-def ragged_attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int,
+def ragged_attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: torch.Tensor,
                   scaling: float) -> torch.Tensor:
-    """Write a layer's new keys and values into the running step's ``SlotCache`` and attend by its
+    """Write layer ``layer``'s new keys and values into the running step's ``SlotCache`` and attend by its
     plan (``ragged_attention``): ``[1, heads, N, dim]`` queries -> ``[1, N, heads, dim]``.
     Opaque to the compiler (``models.compiled``): the cache and the plan are read from the step's
     thread-local state."""
-    keys, values = _step.cache.update(key, value, layer)
+    keys, values = _step.cache.update(key, value, int(layer))
     return ragged_attention(None, query, keys, values, scaling)
 
 
 @ragged_attend.register_fake
-def _ragged_attend_shape(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int,
+def _ragged_attend_shape(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: torch.Tensor,
                          scaling: float) -> torch.Tensor:
     return query.new_empty((1, query.shape[2], query.shape[1], query.shape[3]))
 
@@ -171,7 +185,7 @@ def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.
         _step.ran_eagerly = True  # a compiled step that no graph fitted (``CompiledForward.misses``)
     if compiling:  # the cache write and the attention, opaque to the compiler
         scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
-        return ragged_attend(query, key, value, module.layer_idx, scale), None
+        return ragged_attend(query, key, value, layer_number(module), scale), None
     return ragged_attention(module, query, key, value, scaling), None
 
 
@@ -183,5 +197,8 @@ def use_ragged_attention(model: Any) -> None:
 
     AttentionInterface.register(RAGGED_ATTENTION, attention)
     AttentionMaskInterface.register(RAGGED_ATTENTION, sdpa_mask)
+    for module in model.modules():
+        if isinstance(getattr(module, "layer_idx", None), int):
+            layer_number(module)  # made now, outside any trace
     if model.config._attn_implementation != RAGGED_ATTENTION:
         model.set_attn_implementation(RAGGED_ATTENTION)

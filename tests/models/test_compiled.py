@@ -1,10 +1,11 @@
 """A RaggedRunner's steps through torch.compile (``models.compiled``) on a tiny random Llama: the
 compiled steps give a solo run's logits through joins, speculation, crops, leaves and forks; a
-step runs four linear kernels a layer (fused projections); two models of one class each run their
-own weights, the guard filter keeping the weights' identity guards and dropping the rest on modules; a
-failing compiled forward falls back to eager without losing the step; runners without ragged
-steps stay eager; ``"auto"`` compiles only a ragged runner on the CPU where inductor finds a C++
-compiler. One compiled runner for the module (compiling costs seconds)."""
+step runs four linear kernels a layer (fused projections); the graphs serve every block of layers
+and two models of one class each run their own weights, the guard filter dropping the guards on
+modules but their tensors'; a second process loads the graphs from inductor's caches instead of
+compiling them; a failing compiled forward falls back to eager without losing the step; runners
+without ragged steps stay eager; ``"auto"`` compiles only a ragged runner on the CPU where inductor
+finds a C++ compiler. One compiled runner for the module (compiling costs seconds)."""
 
 import logging
 
@@ -17,11 +18,23 @@ from cdsl_struct.models.compiled import (
     compile_for,
     compile_mode,
     compile_runner,
-    identity_guards_only,
+    layer_blocks,
+    module_guards_dropped,
     why_not_compiled,
 )
 from cdsl_struct.models.ragged import GROUPED_QUERIES, RaggedRunner
 from tests.models.solo import close, solo, tiny_llama
+
+
+def llama_of_width(hidden: int):
+    """A tiny random Llama ``hidden`` wide: the compiled graphs serve every model of one class and
+    shape, so a test that must see a compile uses a width no other test compiles."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(hidden)
+    config = LlamaConfig(vocab_size=50, hidden_size=hidden, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    return LlamaForCausalLM(config).eval()
 
 
 @pytest.fixture(scope="module")
@@ -56,19 +69,52 @@ def test_compiled_steps_match_solo_runs(model, compiled_runner):
     runner.release("e")
 
 
-def test_a_step_runs_four_linear_kernels_a_layer(model, compiled_runner):
-    """Query, key and value run as one matmul, gate and up as another (inductor's concat-linear)."""
-    compiled_runner.run([Feed("p", [1, 2, 3], 1)])
+@pytest.mark.parametrize("fed", [[1, 2, 3, 4], [1, 2, 3, 4, 5, 6]])
+def test_a_step_runs_four_linear_kernels_a_layer(model, compiled_runner, fed):
+    """Query, key and value run as one matmul, gate and up as another (``DedupePackedLinears``), in the
+    one-token graph and in the many-token one."""
+    compiled_runner.run([Feed("p", fed[:3], 1)])
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        compiled_runner.run([Feed("p", [1, 2, 3, 4], 1)])
-    linears = [e.name for e in prof.events() if "linear" in e.name or e.name in ("aten::mm", "aten::addmm")]
+        compiled_runner.run([Feed("p", fed, 1)])
+    linears = [e.name for e in prof.events() if e.name in ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm")]
     assert len(linears) == 4 * model.config.num_hidden_layers + 1, linears  # and the LM head
     compiled_runner.release("p")
 
 
+def test_layers_run_in_blocks_of_one_class_and_attention_type():
+    class Full:
+        attention_type = "full_attention"
+
+    class Sliding:
+        attention_type = "sliding_attention"
+
+    layers = [Sliding(), Sliding(), Sliding(), Full(), Sliding(), Sliding()]
+    assert [len(block) for block in layer_blocks(layers, 2)] == [2, 1, 1, 2]
+    assert [len(block) for block in layer_blocks(layers, 6)] == [3, 1, 2]
+    assert sum(layer_blocks(layers, 6), ()) == tuple(layers)
+
+
+def test_one_graph_serves_every_block_of_layers():
+    """A block of one layer: the first step compiles a graph for the first layer and every other layer
+    runs it (their weights and numbers are its inputs); each layer still runs its own weights."""
+    from torch._dynamo.utils import counters
+
+    from cdsl_struct.models.compiled import CompiledForward
+
+    model = tiny_llama()
+    runner = RaggedRunner(model, prefix_cache_bytes=0)
+    runner.compiled = CompiledForward(model, layers_per_graph=1)
+    graphs = counters["stats"]["unique_graphs"]
+    seq = [4, 3, 2, 1, 7]
+    out = runner.run([Feed("a", seq, 1)])
+    assert close(out[0], solo(model, seq)) and runner.compiled.steps == 1
+    assert counters["stats"]["unique_graphs"] == graphs + 1  # one graph, not one a layer
+    runner.release("a")
+
+
 def test_two_models_of_one_class_each_run_their_own_weights(model, compiled_runner):
-    """The guard filter keeps the weights' identity guards: dynamo keeps compiled graphs per code
-    object, so without them a second model of the class ran the first one's frozen graph."""
+    """The weights are the graphs' inputs: a second model of the class runs the same graphs on its own
+    weights (frozen graphs, which held the weights, had needed identity guards to tell them apart)."""
     other = tiny_llama()
     with torch.no_grad():
         for parameter in other.parameters():
@@ -81,23 +127,26 @@ def test_two_models_of_one_class_each_run_their_own_weights(model, compiled_runn
     compiled_runner.release("a")
 
 
-def test_the_guard_filter_drops_module_guards_but_keeps_identities_and_inputs():
-    model = tiny_llama()  # a model no graph was compiled for yet: its first step compiles
+def test_the_guard_filter_drops_module_guards_but_keeps_tensors_and_inputs():
+    from cdsl_struct.models.compiled import run_layers
+
+    model = llama_of_width(48)  # no graph was compiled for its width yet: its first step compiles
     entries = []
 
     def recording(guards):
-        entries.extend(zip(guards, identity_guards_only(guards), strict=True))
+        entries.extend(zip(guards, module_guards_dropped(guards), strict=True))
         return [keep for _, keep in entries[-len(guards):]]
 
     runner = RaggedRunner(model, prefix_cache_bytes=0)
     runner.compile(warm_up=False)
-    runner.compiled.compiled = torch.compile(model, dynamic=True, options={"guard_filter_fn": recording})
+    runner.compiled.function = torch.compile(run_layers, dynamic=True, options={"guard_filter_fn": recording})
     runner.run([Feed("a", [1, 2, 3], 1)])
-    on_modules = [(e, keep) for e, keep in entries if e.orig_guard.source.is_unspecialized_nn_module()]
-    assert any(not keep for _, keep in on_modules)  # the type, hook and attribute guards of the submodules
-    assert all(keep for e, keep in on_modules if e.guard_type == "ID_MATCH")
-    assert sum(e.guard_type == "ID_MATCH" for e, _ in on_modules) >= len(list(model.parameters()))
-    assert all(keep for e, keep in entries if e.name.startswith("kwargs["))  # the step's inputs
+    on_layers = [(e, keep) for e, keep in entries if e.name.startswith("layers")]
+    assert on_layers and any(not keep for _, keep in on_layers)  # types, hooks, attributes, identities
+    assert not any(keep for e, keep in on_layers if e.guard_type == "ID_MATCH")
+    weights = [e for e, keep in on_layers if keep and e.guard_type == "TENSOR_MATCH"]
+    assert len(weights) >= len(list(model.model.layers[0].parameters()))
+    assert all(keep for e, keep in entries if e.name.startswith(("hidden_states", "kwargs[")))  # the step's inputs
     runner.release("a")
 
 
@@ -106,11 +155,11 @@ def test_a_failing_compiled_forward_falls_back_to_eager_and_loses_no_step(model,
     runner.compile(warm_up=False)
     calls = []
 
-    def broken(**inputs):
-        calls.append(inputs)
+    def broken(*args, **kwargs):
+        calls.append(args)
         raise RuntimeError("no C++ compiler")
 
-    runner.compiled.compiled = broken
+    runner.compiled.function = broken
     seq = [1, 2, 3, 4]
     with caplog.at_level(logging.WARNING, logger="cdsl_struct.models.compiled"):
         out = runner.run([Feed("a", seq, 1)])
@@ -169,7 +218,7 @@ def test_a_sealed_forward_never_compiles_on_a_step_it_has_no_graph_for(monkeypat
     from cdsl_struct.models.compiled import remember_shapes, remembered_shapes
 
     monkeypatch.setenv("CDSL_STRUCT_CACHE", str(tmp_path))
-    model = tiny_llama()
+    model = llama_of_width(40)  # graphs compiled for the other tests' models would fit a model of their width
     runner = RaggedRunner(model, prefix_cache_bytes=0)
     runner.compile(warm_up=False)
     runner.compiled.seal()  # nothing compiled yet: every shape misses
@@ -198,3 +247,24 @@ def test_warm_compiles_the_remembered_shapes_and_seals(monkeypatch, tmp_path, mo
     out = original([Feed("s", [2] * 7, 3)])  # the remembered shape runs compiled
     assert compiled_runner.compiled.steps == steps + 1 and close(out[0], solo(model, [2] * 7, keep=3))
     compiled_runner.release("s")
+
+
+def test_a_second_process_loads_the_compiled_graphs_instead_of_compiling(compiled_runner):
+    """The graphs hold no weights, so inductor's graph and AOTAutograd caches keep them: a new process
+    compiling the same model (the module's, compiled above into the same cache folder) compiles none."""
+    import json
+    import subprocess
+    import sys
+
+    script = (
+        "import json, torch\n"
+        "from torch._dynamo.utils import counters\n"
+        "from cdsl_struct.models.compiled import compile_runner\n"
+        "from cdsl_struct.models.ragged import RaggedRunner\n"
+        "from tests.models.solo import tiny_llama\n"
+        "assert compile_runner(RaggedRunner(tiny_llama(), prefix_cache_bytes=0))\n"
+        "print(json.dumps({k: dict(counters[k]) for k in ('inductor', 'aot_autograd')}))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=True)
+    counts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert counts["inductor"].get("fxgraph_cache_hit", 0) >= 2 and not counts["inductor"].get("fxgraph_cache_miss")
+    assert counts["aot_autograd"].get("autograd_cache_hit", 0) >= 2
