@@ -122,7 +122,7 @@ def summarise_start(mode: str, models_s: float, rows: list[dict[str, Any]], heal
 
 def compare(starts: list[dict[str, Any]]) -> dict[str, Any]:
     """The run's summary: each start's slowest eager request over the median of the ``off`` start."""
-    off = next((s for s in starts if s["mode"] == "off" and s["eager_median_s"]), None)
+    off = next((s for s in starts if s["mode"].startswith("off") and s["eager_median_s"]), None)
     for start in starts:
         start["eager_max_over_off_median"] = round(start["eager_max_s"] / off["eager_median_s"], 2) \
             if off and start["eager_max_s"] else None
@@ -146,8 +146,8 @@ def format_startup_table(report: dict[str, Any]) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--start", action="append", default=None,
-                        help="a start: auto (serve's default), on or off; repeat for several, in order "
-                             "(default: auto, auto, off)")
+                        help="a start: auto (serve's default), on or off, or MODE*N for N servers started "
+                             "at once; repeat for several, in order (default: auto, auto, off)")
     parser.add_argument("--minutes", type=float, default=10.0, help="longest a start is timed (default 10)")
     parser.add_argument("--after-compiled", type=int, default=5,
                         help="stop a start once this many requests were answered compiled (default 5)")
@@ -155,8 +155,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", dest="json_out", default=None, help="write the report as JSON here")
 
 
+def time_starts(spec: str, minutes: float, after_compiled: int, log_dir: str | None = None) -> list[dict[str, Any]]:
+    """One ``--start``: ``mode``, or ``mode*N`` for N servers started at once (sharing the caches: each
+    is timed as a start of its own, labelled ``mode (i of N together)``)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    mode, _, count = spec.partition("*")
+    servers = int(count or 1)
+    if servers == 1:
+        return [time_start(mode, minutes, after_compiled, log_dir)]
+    with ThreadPoolExecutor(servers) as pool:
+        starts = list(pool.map(lambda _: time_start(mode, minutes, after_compiled, log_dir), range(servers)))
+    for index, start in enumerate(starts, 1):
+        start["mode"] = f"{mode} ({index} of {servers} together)"
+    return starts
+
+
 def run(args: argparse.Namespace) -> int:
-    starts = [time_start(mode, args.minutes, args.after_compiled, args.log_dir)
-              for mode in (args.start or ["auto", "auto", "off"])]
+    starts = [start for spec in (args.start or ["auto", "auto", "off"])
+              for start in time_starts(spec, args.minutes, args.after_compiled, args.log_dir)]
     report = compare(starts)
     return write_report(report, format_startup_table(report), args)

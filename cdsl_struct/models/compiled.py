@@ -4,28 +4,31 @@ where inductor finds a C++ compiler), opt-in for ``Generator(torch_compile=...)`
 Eager, a single-row decode step of SmolLM2 on two CPU cores is ~28 ms, and only about half of it
 is the linear layers: ~1200 small ops (norms, rotary, activations, residual adds) and the Python
 that dispatches ~6900 ops cost the rest. vLLM's CPU build compiles its layers for that reason.
-Here transformers' model is compiled whole (``dynamic=True``: the step's token count varies) with
-inductor's freezing (the weights become constants, prepacked for oneDNN), and the two things a
-graph cannot hold, the write into the runner's ``SlotCache`` and the ragged attention (its plan is
-Python data that changes every step), run as one opaque custom op, ``cdsl_struct::ragged_attend``
-(``ragged.ragged_attend``).
+Here the model's decoder layers are compiled in blocks of ``LAYERS_PER_GRAPH`` (``dynamic=True``: the
+step's token count varies), one compiled function running every block, and the two things a graph
+cannot hold, the write into the runner's ``SlotCache`` and the ragged attention (its plan is Python
+data that changes every step), run as one opaque custom op, ``cdsl_struct::ragged_attend``
+(``ragged.ragged_attend``). The linear layers multiply by weights prepacked for oneDNN at load
+(``packed.prepack``) through another, ``cdsl_struct::packed_linear``; sibling projections of one input
+run as one matmul (``DedupePackedLinears``), four oneDNN calls a layer instead of seven.
 
-Measured (docs/benchmarks/2026-11-25-compiled-serve.md): steps are 1.1-1.26x faster in bf16
-(``python -m benchmarks steps --torch-compile``), and ``serve --torch-compile`` runs 25.6 ms a step against the
-eager server's 31-32 one request at a time, once the warm-up runs on a thread that ends
-(``api.on_own_thread``: a forward on the caller's thread had made the engine's steps 40 ms).
-Two settings took a one-row step from ~26 to ~22 ms more ("Fewer calls a step", issue 24): the
-projections that share an input run as one matmul (``INDUCTOR_CONFIG``), and dynamo checks the
-weights' identities but not the type and attributes of every submodule (``identity_guards_only``).
+The graphs hold no weights: weights, packed weights and each layer's number are their inputs. So one
+graph serves every block, and inductor's graph and AOTAutograd caches keep the graphs for the next
+process (``$TORCHINDUCTOR_CACHE_DIR``, by default under the system's temporary folder; safe for
+processes that share it). Until 2026-11-28 the model was compiled whole with inductor's freezing, the
+weights folded in as constants: ~6 min for SmolLM2 in float32 on two AVX2 cores at every start,
+since inductor's caches skip frozen graphs. Blocks of layers: ~1 min the first time, ~13 s from
+the caches, and steps as fast as the whole model's (docs/benchmarks/2026-11-28-compiled-blocks.md).
+A graph a layer compiled as fast but ran no faster than eager: ~0.3-0.7 ms of calls and guards a
+layer. Measured before (docs/benchmarks/2026-11-25-compiled-serve.md): steps 1.1-1.26x faster than
+eager in bf16, ``serve --torch-compile`` 25.6 ms a step against the eager server's 31-32.
 
-Costs: compiling takes minutes on a small CPU (``warm`` does it over the shapes a server meets, one
-token, a prompt, several rows, several kept positions, and the shapes an earlier process missed:
-three graphs or more, ~140 s for SmolLM2 in bf16 on two AVX-512 cores and ~6 min in float32 on two
-AVX2 cores, every start: inductor's cache skips graphs holding frozen weights), inductor needs a C++
-compiler, and the frozen graph keeps its own copy of the weights (changing the model's weights
-afterwards is not seen). Once warmed, the forward is sealed: a step no graph fits runs eagerly rather
-than compiling on a request's path (it had stalled one request 51.8 s), and is remembered for the
-next warm-up. Compiling must not run beside the engine's steps in one process (torch.fx patches
+Costs: inductor needs a C++ compiler, and the packed weights are read once (changing the model's
+weights after compiling is not seen). ``warm`` compiles the shapes a server meets (one token, many)
+and seals the forward: a step no graph fits runs eagerly rather than compiling on a request's path
+(it had stalled one request 51.8 s), and is remembered for the next warm-up. The guards on the
+layers' modules are dropped but their tensors' (``module_guards_dropped``).
+Compiling must not run beside the engine's steps in one process (torch.fx patches
 ``nn.Module.__call__`` for every thread while it traces, and the compiler holds the GIL for
 seconds), so ``serve`` compiles in a second process (``server.handoff``) and ``Generator`` before
 it returns. Any failure to compile or run compiled logs a warning once and the runner goes on

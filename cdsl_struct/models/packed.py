@@ -13,9 +13,10 @@ only ``forward`` changes. The packed copy is made on the first CPU forward and r
 weight changes (its storage, version or dtype: ``model.to(torch.bfloat16)`` repacks), so it
 costs one more copy of the weights in memory. Anything the packed kernel does not serve (a GPU,
 float16, bfloat16 on a CPU without oneDNN's bfloat16 path such as an AVX2-only one:
-``packable_dtypes``, autograd, a forward being traced by ``torch.compile``, whose inductor prepacks frozen weights
-itself) runs the stock ``nn.Linear`` path. Results stay float32 (or bfloat16)
-matmuls, summed in a different order than MKL's GEMM: equal to ~1e-4 absolute, not bitwise.
+``packable_dtypes``, autograd) runs the stock ``nn.Linear`` path. Traced by ``torch.compile``, a
+layer multiplies by the copy ``prepack`` made, through the opaque op ``packed_linear``
+(``models.compiled``). Results stay float32 (or bfloat16) matmuls, summed in a different order than
+MKL's GEMM: equal to ~1e-4 absolute, not bitwise.
 
 Sibling projections of one input (``q_proj``/``k_proj``/``v_proj`` of an attention block,
 ``gate_proj``/``up_proj`` of a gated MLP: the names of Llama, Mistral, Qwen, Gemma and most HF
