@@ -96,6 +96,24 @@ def bound_malloc_arenas() -> int | None:
         return None
 
 
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def keep_compiled_graphs() -> str:
+    """Point inductor's caches (kernels, compiled graphs: ``models.compiled``) at the user cache,
+    ``cache_dir("inductor")``, unless ``$TORCHINDUCTOR_CACHE_DIR`` names a folder; the folder used.
+
+    torch keeps them under the system's temporary folder, which many machines clear at boot: the
+    first start after it compiled for a minute again. Set in the environment before inductor reads
+    it, so the compiling process the server starts inherits it. The server owns its process; the
+    library leaves the user's setting alone."""
+    if not os.environ.get(INDUCTOR_CACHE_ENV):
+        from ..paths import cache_dir
+
+        os.environ[INDUCTOR_CACHE_ENV] = str(cache_dir("inductor"))
+    return os.environ[INDUCTOR_CACHE_ENV]
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """Start the server from parsed ``serve`` arguments; a clear message if the extra is missing."""
     try:
@@ -108,6 +126,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from .protocol import ServerLimits
 
     bound_malloc_arenas()
+    if args.torch_compile != "off":
+        keep_compiled_graphs()
     compiling = "" if args.torch_compile == "off" else \
         f"; torch.compile {args.torch_compile}: a second process compiles while this one answers eagerly"
     print(f"loading {args.model} (draft {args.draft}{compiling}) ...", file=sys.stderr, flush=True)

@@ -1,10 +1,11 @@
-"""``cdsl-struct serve``'s process setup: the malloc arena cap and the ways to leave it off."""
+"""``cdsl-struct serve``'s process setup: the malloc arena cap and the ways to leave it off; inductor's
+caches in the user cache unless the user named a folder."""
 
 import sys
 
 import pytest
 
-from cdsl_struct.server.cli import MALLOC_ARENAS_ENV, bound_malloc_arenas
+from cdsl_struct.server.cli import INDUCTOR_CACHE_ENV, MALLOC_ARENAS_ENV, bound_malloc_arenas, keep_compiled_graphs
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 
@@ -72,3 +73,12 @@ def test_every_other_command_starts_without_the_server_extra():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().endswith("started")
+
+
+def test_inductor_keeps_its_caches_in_the_user_cache_unless_told_otherwise(monkeypatch, tmp_path):
+    monkeypatch.setenv("CDSL_STRUCT_CACHE", str(tmp_path / "ours"))
+    monkeypatch.delenv(INDUCTOR_CACHE_ENV, raising=False)
+    assert keep_compiled_graphs() == str(tmp_path / "ours" / "inductor")
+    assert (tmp_path / "ours" / "inductor").is_dir()
+    monkeypatch.setenv(INDUCTOR_CACHE_ENV, str(tmp_path / "theirs"))
+    assert keep_compiled_graphs() == str(tmp_path / "theirs")
