@@ -212,7 +212,12 @@ class CompiledForward:
 
     def __init__(self, model: Any, layers_per_graph: int = LAYERS_PER_GRAPH) -> None:
         self.model = model
-        self.layers = decoder_layers(model)
+        self.failure: BaseException | None = None
+        try:
+            self.layers = decoder_layers(model)
+        except TypeError as exc:  # not a decoder of the shape transformers' causal LMs share: stays eager
+            self.layers, self.failure = [], exc
+            log.warning("torch.compile: %s; running eagerly", exc)
         self.blocks = layer_blocks(self.layers, layers_per_graph)
         pack_linears(model)
         self.packed = prepack(model)
@@ -225,7 +230,6 @@ class CompiledForward:
         """``run_layers`` compiled (run-only once sealed)."""
         self.sealed = False
         """Whether calls only run graphs compiled already (``seal``)."""
-        self.failure: BaseException | None = None
         self.warm_seconds = 0.0
         self.steps = 0
         """Steps run compiled."""

@@ -132,7 +132,8 @@ def prepack(model: Any) -> int:
     see weights changed afterwards (call it again, and recompile)."""
     count = 0
     for module in model.modules():
-        if type(module) is not PackedLinear or module.weight.dtype not in packable_dtypes():
+        if type(module) is not PackedLinear or module.weight.device.type != "cpu" \
+                or module.weight.dtype not in packable_dtypes():
             continue
         module.__dict__.pop(TRACED, None)
         fused = _fused.get(module)

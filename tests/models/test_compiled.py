@@ -268,3 +268,12 @@ def test_a_second_process_loads_the_compiled_graphs_instead_of_compiling(compile
     counts = json.loads(done.stdout.strip().splitlines()[-1])
     assert counts["inductor"].get("fxgraph_cache_hit", 0) >= 2 and not counts["inductor"].get("fxgraph_cache_miss")
     assert counts["aot_autograd"].get("autograd_cache_hit", 0) >= 2
+
+
+def test_a_model_without_decoder_layers_stays_eager(caplog):
+    from cdsl_struct.models.compiled import CompiledForward
+
+    with caplog.at_level(logging.WARNING, logger="cdsl_struct.models.compiled"):
+        compiled = CompiledForward(torch.nn.Sequential(torch.nn.ReLU()))
+    assert not compiled.active and compiled(input_ids=torch.tensor([[1]])) is None
+    assert "no decoder layers" in caplog.text and "running eagerly" in caplog.text
