@@ -190,7 +190,7 @@ class PackedLinear(nn.Linear):
     def _traced(self, x: torch.Tensor) -> torch.Tensor:
         """The forward as ``torch.compile`` traces it: ``packed_linear`` on what ``prepack`` kept (a fused
         sibling multiplies by its group's whole matrix and takes its columns; the compiler's
-        ``dedupe_packed_linears`` pass leaves one product for the group); the stock path without it."""
+        ``DedupePackedLinears`` pass leaves one product for the group); the stock path without it."""
         traced = getattr(self, TRACED, None)
         if traced is None or x.dtype != traced[0].dtype or x.device.type != "cpu" or torch.is_grad_enabled():
             return super().forward(x)

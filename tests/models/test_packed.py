@@ -211,3 +211,29 @@ def test_the_packed_model_predicts_what_the_plain_one_does(smollm2):
         plain_logits = plain(input_ids=ids).logits
     torch.testing.assert_close(packed_logits, plain_logits, atol=2e-3, rtol=1e-3)
     assert torch.equal(packed_logits.argmax(-1), plain_logits.argmax(-1))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_compiled_block_multiplies_by_the_prepacked_matrices_and_equals_the_plain_one(bias):
+    """``prepack`` keeps each layer's packed weight (a sibling: its group's, and its columns) where a traced
+    forward reads it; compiled, the block gives the plain block's outputs through ``packed_linear``."""
+    from cdsl_struct.models.packed import TRACED, prepack
+
+    block = _Block(bias).eval()
+    plain = copy.deepcopy(block)
+    pack_linears(block)
+    if torch.float32 not in packable_dtypes():
+        pytest.skip("this CPU packs no float32")
+    assert prepack(block) == 5
+    spans = [getattr(block, name).__dict__[TRACED][2:] for name in ("q_proj", "k_proj", "v_proj")]
+    assert spans == [(0, 32), (32, 40), (40, 48)]
+    assert block.q_proj.__dict__[TRACED][0] is block.v_proj.__dict__[TRACED][0]  # one matrix for the group
+    x = torch.randn(3, 2, 32)
+    with torch.inference_mode():
+        run = torch.compile(block, dynamic=False, fullgraph=True)
+        run(x)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            compiled = run(x)
+        expected = plain(x)
+    assert sum(e.name == "cdsl_struct::packed_linear" for e in prof.events()) == 5  # no pass merged them here
+    assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(compiled, expected, strict=True))
