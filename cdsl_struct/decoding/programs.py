@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ..models.batch import BatchRunner, Feed
+from ..models.int8 import token_scaled
 from ..models.ragged import RaggedRunner
 from ..models.runner import ModelRunner
 from ..models.self_check import batch_runner
@@ -129,9 +130,12 @@ class Programs:
     def _draft_pass(self, rows: list[Any], model: Any) -> list[tuple[Any, list[int]]]:
         """One batched forward of ``model`` for the draft feeds of ``rows``."""
         if id(model) not in self.drafts:
-            # made on the first draft pass, a request's path: no CUDA graphs to capture there
+            # made on the first draft pass, a request's path: no CUDA graphs to capture there. No
+            # prefix cache for a token-scaled int8 draft: a prompt's keys computed in another request's
+            # chunks differ by float rounding, which int8 rounding turns into different drafts
+            cache_bytes = 0 if token_scaled(model) else DRAFT_PREFIX_CACHE_BYTES
             self.drafts[id(model)] = batch_runner(model, self.target.pad_token_id, name="draft", graphs=False,
-                                                  prefix_cache_bytes=DRAFT_PREFIX_CACHE_BYTES)
+                                                  prefix_cache_bytes=cache_bytes)
         runner = self.drafts[id(model)]
         feeds = [_engine_feeds(row, row.pending) for row in rows]
         started = time.perf_counter()

@@ -40,6 +40,7 @@ from .batch import Feed, check_feeds, kv_bytes_per_token, reusable_prefix
 from .compat import cache_keyword
 from .compiled import CompiledForward, warm
 from .device import model_device
+from .int8 import token_scaled
 from .prefix_cache import PrefixCache
 from .ragged_attention import (
     RAGGED_ATTENTION,
@@ -74,13 +75,19 @@ class RaggedRunner:
     ``positions`` (tokens fed; ``padded_positions`` equals it), ``prefilled_positions`` (prompt
     positions computed, not copied from the prefix cache), ``seconds``, ``attended_slots``
     and ``attended_valid`` (KV slots attention read, and those holding a row's token).
+
+    ``rows_alone``: every row attends on its own in every step (``plan_step``), as it would in a step
+    of its own; by default, where the model's linear layers are token-scaled int8 (``models.int8``),
+    whose rows do not depend on their batch either: a row's logits are then bitwise the same in any
+    batch (int8 rounding would turn the grouped attention's float-order differences into different
+    drafts). Elsewhere the grouped attention is cheaper.
     """
 
     #: no padding in the fed tokens, and a joining row's prompt rides in the step's own pass
     ragged = True
 
     def __init__(self, model: Any, name: str = "target", pad_token_id: int = 0,
-                 prefix_cache_bytes: int = 256 * 2**20) -> None:
+                 prefix_cache_bytes: int = 256 * 2**20, rows_alone: bool | None = None) -> None:
         if not supports_ragged(model):
             raise CdslError(f"{type(model).__name__} cannot run ragged steps; use BatchRunner")
         use_ragged_attention(model)
@@ -89,6 +96,7 @@ class RaggedRunner:
         self.name = name
         self.pad_token_id = pad_token_id
         self.prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+        self.rows_alone = token_scaled(model) if rows_alone is None else rows_alone
         self.device = model_device(model)
         self.cache = SlotCache(getattr(model.config, "get_text_config", lambda: model.config)().num_hidden_layers)
         self.order: list[Hashable] = []  # slot -> row
@@ -224,7 +232,7 @@ class RaggedRunner:
         ``[sum of keeps, vocab]``) and where each row's start in them."""
         start = time.perf_counter()
         plan, ids, positions, kept, offsets = plan_step(self.order, self.tokens, tails, keeps,
-                                                        self.cache, self.device)
+                                                        self.cache, self.device, self.rows_alone)
         _step.plan, _step.attend = plan, attention
         inputs = {"input_ids": ids.to(self.device), "position_ids": positions,
                   "attention_mask": _NO_MASK.get(self.device), "logits_to_keep": kept}
@@ -279,7 +287,8 @@ class RaggedRunner:
         if len(shared) < least or self.prefixes.cached_length(shared) == len(shared):
             return
         started = time.perf_counter()
-        child = RaggedRunner(self.model, self.name, self.pad_token_id, prefix_cache_bytes=0)
+        child = RaggedRunner(self.model, self.name, self.pad_token_id, prefix_cache_bytes=0,
+                             rows_alone=self.rows_alone)
         child.compiled = self.compiled
         child.tokens[0], child.order = [], [0]
         reused, kv = self.prefixes.lookup(shared)

@@ -59,11 +59,13 @@ class StepPlan:
 
 
 def plan_step(order: Sequence[Hashable], tokens: dict[Hashable, list[int]], tails: dict[Hashable, list[int]],
-              keeps: dict[Hashable, int], cache: SlotCache, device: Any) -> tuple[Any, ...]:
+              keeps: dict[Hashable, int], cache: SlotCache, device: Any,
+              rows_alone: bool = False) -> tuple[Any, ...]:
     """A ragged step's flat inputs and its ``StepPlan``, rows in slot order: ``order`` the rows by
     slot, ``tokens`` what the cache holds of each, ``tails`` what each feeds this step and ``keeps``
     how many of its last positions' logits it keeps. Sizes ``cache`` for the step first (the plan's
-    mask spans its capacity). Returns ``(plan, ids, positions, kept, offsets)``."""
+    mask spans its capacity). ``rows_alone``: every row attends on its own, whatever the step's size.
+    Returns ``(plan, ids, positions, kept, offsets)``."""
     ids: list[int] = []
     slots: list[int] = []
     positions: list[int] = []
@@ -72,7 +74,7 @@ def plan_step(order: Sequence[Hashable], tokens: dict[Hashable, list[int]], tail
     grouped: list[tuple[int, int, int, int]] = []  # slot, first flat token, count, held before
     long_rows = []
     longest = 0
-    solo = sum(1 for tail in tails.values() if tail) <= SOLO_ROWS
+    solo = rows_alone or sum(1 for tail in tails.values() if tail) <= SOLO_ROWS
     for slot, row in enumerate(order):
         tail = tails.get(row)
         if not tail:

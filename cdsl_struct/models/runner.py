@@ -15,7 +15,7 @@ import torch
 from ..errors import CdslError, IncompatibleTokenizers
 from .compat import cache_keyword, returned_cache
 from .device import model_device, note_emulated_bf16
-from .packed import unpack_linears
+from .int8 import quantise_linears
 
 
 class ModelRunner:
@@ -99,26 +99,20 @@ class ModelRunner:
 def self_draft(model: Any, kind: str) -> Any:
     """A draft built from the target's own weights.
 
-    ``"bf16"``: the same weights in bfloat16. ``"int8"``: linear layers dynamically quantised
-    to int8 (torch's dynamic quantisation runs on the CPU only: on another device this raises
-    ``CdslError``; use ``"bf16"`` or ``"layers:N"`` there). ``"layers:N"``: the first N decoder layers plus
+    ``"bf16"``: the same weights in bfloat16. ``"int8"``: linear layers on int8 weights with each
+    token's activations quantised on its own scale (``models.int8``: a row's logits do not depend on
+    its batch; fbgemm's kernels run on the CPU only: on another device this raises ``CdslError``;
+    use ``"bf16"`` or ``"layers:N"`` there). ``"layers:N"``: the first N decoder layers plus
     the final norm and LM head (weights shared with the target, nothing copied).
     """
     if kind == "bf16":
         note_emulated_bf16(torch.bfloat16, model_device(model), "the bf16 self-draft")
         return copy.deepcopy(model).to(torch.bfloat16).eval()
     if kind == "int8":
-        import warnings
-
         if model_device(model).type != "cpu":
-            raise CdslError(f"the int8 self-draft runs on the CPU only (torch dynamic quantisation); the target "
+            raise CdslError(f"the int8 self-draft runs on the CPU only (fbgemm's int8 kernels); the target "
                             f"is on {model_device(model)}: use draft 'bf16' or 'layers:N' there")
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch.ao's deprecation notice; the kernels are current
-            plain = copy.deepcopy(model).float()  # int8 kernels take float32 activations (a bf16 target too)
-            unpack_linears(plain)  # quantize_dynamic matches modules by exact type
-            return torch.ao.quantization.quantize_dynamic(plain, {torch.nn.Linear}, dtype=torch.qint8).eval()
+        return quantise_linears(model)
     if kind.startswith("layers:"):
         count = int(kind.split(":", 1)[1])
         layers = model.model.layers

@@ -24,6 +24,7 @@ import torch
 
 from .batch import BatchRunner, Feed
 from .device import model_device
+from .int8 import dequantised, token_scaled
 from .ragged import GROUPED_QUERIES, RaggedRunner, supports_ragged
 
 logger = logging.getLogger(__name__)
@@ -99,12 +100,16 @@ def _graph_runner(model: Any, pad_token_id: int, **kwargs: Any) -> tuple[Any, st
 def check_ragged(model: Any, compiled: Any = None) -> str | None:
     """Run the ragged runner's self-check on ``model`` (its steps through ``compiled``, a
     ``CompiledForward``, when given): None when it agrees with the model's own forward, else what went
-    wrong (an error, or the first position that differs)."""
+    wrong (an error, or the first position that differs). A model of token-scaled int8 layers
+    (``models.int8``) is checked on their dequantised weights."""
     try:
         runner = RaggedRunner(model, prefix_cache_bytes=0)
     except Exception as exc:  # noqa: BLE001 - any failure of the ragged path sends the model to the padded one
         return f"{type(exc).__name__}: {exc}"
     runner.compiled = compiled
+    if token_scaled(model):  # int8 rounding amplifies float-order noise: check the plumbing in float
+        with dequantised(model):
+            return check_runner(runner)
     return check_runner(runner)
 
 
@@ -113,7 +118,7 @@ def check_runner(runner: Any) -> str | None:
     model's own forward; None where all agree, else what went wrong. The rows are released after
     (the runner's prefix cache is left out of it)."""
     model = runner.model
-    vocab = int(model.get_output_embeddings().weight.shape[0])
+    vocab = int(model.get_output_embeddings().out_features)
     a, b, c = ([(step * i + 3) % vocab for i in range(length)] for step, length in ((7, 20), (5, 4), (3, 9)))
     more = [(11 * i + 2) % vocab for i in range(GROUPED_QUERIES + 2)]
     steps = [  # what attends row by row (a long prompt, a long feed after held positions) and grouped (short feeds)
