@@ -193,9 +193,10 @@ def test_the_loaded_model_is_packed_and_its_int8_draft_still_quantises(smollm2):
     assert linears and all(type(m) is PackedLinear for m in linears)
     assert model.lm_head.weight is model.get_input_embeddings().weight  # tied weights stay tied
     draft = self_draft(model, "int8")
-    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+    from cdsl_struct.models.int8 import TokenScaledInt8Linear
 
-    assert sum(isinstance(m, DynamicLinear) for m in draft.modules()) == len(linears)
+    assert sum(isinstance(m, TokenScaledInt8Linear) for m in draft.modules()) == len(linears)
+    assert not any(isinstance(m, nn.Linear) for m in draft.modules())
     assert all(type(m) is PackedLinear for m in model.modules() if isinstance(m, nn.Linear))
 
 

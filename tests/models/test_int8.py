@@ -1,0 +1,110 @@
+"""Token-scaled int8 linear layers (``models.int8``): a row's output does not depend on its batch, the
+siblings of one input share a matrix, and on the embedded model the int8 self-draft's ragged rows
+give bitwise what each gives alone."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from cdsl_struct.models.batch import Feed
+from cdsl_struct.models.int8 import TokenScaledInt8Linear, dequantised, quantise_linears, token_scaled
+from cdsl_struct.models.ragged import RaggedRunner
+from cdsl_struct.models.self_check import check_ragged
+
+
+class Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj = nn.Linear(64, 64), nn.Linear(64, 16), nn.Linear(64, 16)
+        self.o_proj = nn.Linear(64, 64, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.o_proj(self.q_proj(x) + torch.cat([self.k_proj(x), self.v_proj(x)] * 2, -1))
+
+
+@pytest.fixture(scope="module")
+def block():
+    torch.manual_seed(0)
+    return Attention().eval()
+
+
+def test_each_row_is_quantised_on_its_own_scale(block):
+    layer = quantise_linears(block).o_proj
+    torch.manual_seed(1)
+    # rows of very different magnitudes: one scale over the batch would crush the small ones
+    x = torch.randn(12, 64) * torch.logspace(-3, 2, 12).unsqueeze(1)
+    together = layer(x)
+    assert torch.equal(together, torch.cat([layer(row.unsqueeze(0)) for row in x]))
+    assert torch.equal(together[3:7], layer(x[3:7].flip(0)).flip(0))
+    assert torch.equal(together.view(3, 4, 64), layer(x.view(3, 4, 64)))  # any leading shape
+    exact = x @ block.o_proj.weight.detach().t()
+    relative = (together - exact).norm(dim=1) / exact.norm(dim=1)
+    assert relative.max() < 0.03  # 7-bit activations, 8-bit weights per channel
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dynamic = torch.ao.quantization.quantize_dynamic(nn.Sequential(block.o_proj), {nn.Linear},
+                                                         dtype=torch.qint8)
+    batched = (dynamic(x) - exact).norm(dim=1) / exact.norm(dim=1)
+    assert batched[:4].min() > 0.5  # fbgemm's one scale for the batch: the small rows are lost
+    assert relative[:4].max() < 0.03
+
+
+def test_siblings_share_one_matrix_and_let_go_of_the_input(block):
+    quantised = quantise_linears(block)
+    q, k, v, o = quantised.q_proj, quantised.k_proj, quantised.v_proj, quantised.o_proj
+    assert all(type(m) is TokenScaledInt8Linear for m in (q, k, v, o))
+    assert q.matrix is k.matrix is v.matrix and o.matrix is not q.matrix
+    assert (q.span, k.span, v.span) == ((0, 64), (64, 80), (80, 96))
+    x = torch.randn(5, 64)
+    whole = q.matrix(x)
+    assert torch.equal(k(x), whole[:, 64:80])  # any member first
+    assert torch.equal(q(x), whole[:, :64])
+    assert q.matrix.last.value is not None
+    assert torch.equal(v(x), whole[:, 80:])
+    assert q.matrix.last.value is None  # all three served
+    assert torch.allclose(quantised(x), block(x), atol=0.05, rtol=0.05)
+
+
+def test_the_model_quantised_is_left_as_it_was(block):
+    before = {name: p.clone() for name, p in block.named_parameters()}
+    quantised = quantise_linears(block)
+    assert token_scaled(quantised) and not token_scaled(block)
+    assert all(type(m) is nn.Linear for m in (block.q_proj, block.k_proj, block.v_proj, block.o_proj))
+    assert all(torch.equal(p, before[name]) for name, p in block.named_parameters())
+
+
+def test_dequantised_runs_the_layers_in_float_and_goes_back(block):
+    quantised = quantise_linears(block)
+    x = torch.randn(3, 64)
+    int8 = quantised(x)
+    with dequantised(quantised):
+        in_float = quantised(x)
+        assert quantised.q_proj.matrix.float_weight.shape == (96, 64)
+    assert quantised.q_proj.matrix.float_weight is None
+    assert torch.equal(quantised(x), int8) and not torch.equal(in_float, int8)
+    assert torch.allclose(in_float, int8, atol=0.05, rtol=0.05)
+
+
+def test_the_int8_drafts_ragged_rows_equal_each_row_alone(smollm2, one_torch_thread):
+    """Batched ragged steps of the int8 self-draft give each row bitwise its logits alone, prompts and
+    decode steps both; its runner attends row by row (grouped attention's float order, rounded to int8,
+    would change the draft) and passes the self-check on its dequantised weights."""
+    from cdsl_struct.models.runner import self_draft
+
+    draft = self_draft(smollm2.model, "int8")
+    assert check_ragged(draft) is None
+    rows = {name: [(step * i + 3) % 49152 for i in range(length)]
+            for name, step, length in (("a", 7, 20), ("b", 5, 4), ("c", 3, 9), ("d", 11, 6))}
+    together = RaggedRunner(draft, prefix_cache_bytes=0)
+    assert together.rows_alone
+    first = together.run([Feed(name, ids, 2) for name, ids in rows.items()])
+    second = together.run([Feed(name, ids + [7, 8], 2) for name, ids in rows.items()])
+    for index, (name, ids) in enumerate(rows.items()):
+        alone = RaggedRunner(draft, prefix_cache_bytes=0)
+        assert torch.equal(alone.run([Feed(name, ids, 2)])[0], first[index]), name
+        assert torch.equal(alone.run([Feed(name, ids + [7, 8], 2)])[0], second[index]), name
