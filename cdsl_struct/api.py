@@ -64,10 +64,11 @@ AUTO_DRAFT = "lookup"
 """``draft="auto"``: prompt lookup (plus the grammar's forced tokens, always on). Both are free,
 and on the embedded model they beat model drafts in wall time (BENCHMARKS.md)."""
 CDSL_SELF_DRAFT = "int8"
-"""The draft model CDSL uses on a CPU when ``draft`` names no model: the target's linear layers in int8
-(a single-token step costs about half of fp32 on a CPU; docs/benchmarks/2026-11-23-commongen.md, the sweep)."""
+"""The draft model CDSL uses on a CPU when ``draft`` names no model: the target's linear layers in int8,
+each token's activations on its own scale (``models.int8``), so its rows draft in one batched forward
+(docs/benchmarks/2026-11-23-commongen.md, the sweep, for int8 against the other self-drafts)."""
 CDSL_SELF_DRAFT_OFF_CPU = "bf16"
-"""The same elsewhere: torch's int8 dynamic quantisation runs on the CPU only."""
+"""The same elsewhere: fbgemm's int8 kernels run on the CPU only."""
 
 
 def cdsl_self_draft(device: Any) -> str:
