@@ -40,6 +40,7 @@ from cdsl_struct.decoding import (
     GuidedDraft,
     Request,
     SamplingParams,
+    WordLoopGuard,
 )
 from cdsl_struct.models import ModelRunner, batch_runner, load_model, self_draft
 from cdsl_struct.rewards import KeywordCoverage, list_shaped
@@ -83,6 +84,9 @@ class CommonGenConfig:
     draft: str = "int8"
     loop_guard: bool = True
     """CDLH's and CDSL's guard against writing a block a third time in a row (``decoding.loops``)."""
+    word_guard: bool = True
+    """The guard on words too (``WordLoopGuard``: case, punctuation and token splits aside), as
+    ``Generator`` guards keyword sentences; off: on tokens only."""
     cdsl_temperature: float = 0.0
     """0: CDSL accepts by greedy matching; > 0: by speculative sampling at this temperature
     (seeded per concept set), the target's own tokens sampled too."""
@@ -164,6 +168,7 @@ class CommonGenBench:
         self.draft_runner = ModelRunner(self_draft(self.loaded.model, config.draft), name=config.draft)
         self.compiled = sentence_constraint(config, self.loaded.tokenizer, self.loaded.eos_token_ids,
                                             sorted({c for case in cases for c in case["concepts"]}))
+        self.word_guard = WordLoopGuard(self.compiled.vocabulary.token_bytes)
 
     def run(self, config: CommonGenConfig | None = None, progress: bool = True,
             checkpoint: str | Path | None = None) -> dict[str, Any]:
@@ -194,7 +199,7 @@ class CommonGenBench:
                 [{"role": "user", "content": PROMPT.format(words=", ".join(words))}],
                 add_generation_prompt=True, tokenize=True)["input_ids"]
             for method in config.methods:
-                strategy = make_strategy(method, reward, self.draft_runner, config)
+                strategy = make_strategy(method, reward, self.draft_runner, config, self.word_guard)
                 params = SamplingParams(temperature=config.cdsl_temperature, seed=config.seed * 100003 + index) \
                     if method == "cdsl" and config.cdsl_temperature > 0 else None
                 start = time.perf_counter()
@@ -263,10 +268,14 @@ def merge_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
     return _report(rows, states, config)
 
 
-def make_strategy(method: str, reward: KeywordCoverage, draft_runner: ModelRunner, config: CommonGenConfig) -> Any:
+def make_strategy(method: str, reward: KeywordCoverage, draft_runner: ModelRunner, config: CommonGenConfig,
+                  word_guard: WordLoopGuard | None = None) -> Any:
+    """The strategy of ``method``; its loop guard ``word_guard`` where given and ``config`` guards
+    words, else ``SENTENCE_GUARD`` (none with ``loop_guard`` off)."""
     if method == "greedy":
         return None
-    guard = SENTENCE_GUARD if config.loop_guard else None
+    guard = (word_guard if word_guard is not None and config.word_guard else SENTENCE_GUARD) \
+        if config.loop_guard else None
     cdlh = CDLH(reward, k=config.k, d=config.d, lam=config.lam, optimism=config.optimism, loop_guard=guard)
     if method == "cdlh":
         return cdlh
@@ -420,6 +429,8 @@ def add_arguments(gen: argparse.ArgumentParser) -> None:
                      help=f"CDSL draft: reward weight among its candidates, 0 = plain greedy (default {c.draft_lam})")
     gen.add_argument("--no-loop-guard", dest="loop_guard", action="store_false",
                      help="CDLH and CDSL: let a sentence write a block a third time in a row")
+    gen.add_argument("--no-word-guard", dest="word_guard", action="store_false",
+                     help="CDLH and CDSL: guard against repeated blocks of tokens only, not of words")
     gen.add_argument("--stop-below", type=float, default=c.stop_below,
                      help=f"CDSL draft: end a lookahead after an unsure own token (default p < {c.stop_below})")
     gen.add_argument("--no-suggest", dest="suggest", action="store_false",
@@ -440,7 +451,7 @@ def config_from(args: argparse.Namespace) -> CommonGenConfig:
         acceptance_threshold=args.a_t, reward_threshold=args.r_t, fallback=args.fallback,
         reward_on=args.reward_on, commit=args.commit, steer_ratio=args.steer_ratio, draft=args.draft,
         draft_lam=args.draft_lam, suggest=args.suggest, stop_below=args.stop_below, loop_guard=args.loop_guard,
-        no_lists=args.no_lists,
+        word_guard=args.word_guard, no_lists=args.no_lists,
     )
 
 

@@ -34,7 +34,7 @@ from .constraints.whitespace import DEFAULT_WHITESPACE
 from .decoding import DraftModelProposer, SamplingParams, build_proposers
 from .decoding.engine import BatchEngine, EngineLoad, Request
 from .decoding.lookahead import CDLH, CDSL
-from .decoding.loops import SENTENCE_GUARD
+from .decoding.loops import WordLoopGuard
 from .decoding.stops import StopHoldback
 from .errors import InvalidArgument, PromptTooLong
 from .keywords import Keywords, named_prompt
@@ -123,11 +123,11 @@ class Generator:
     ``max_prompt_tokens``: longer prompts raise ``PromptTooLong`` (the model's context always bounds them).
     ``loop_guard`` (default on): a row whose output starts repeating one block of tokens is
     steered out of the cycle instead of running to ``max_tokens`` (``decoding.loops``; target
-    and speculative rows; CDLH and CDSL rows never write a block a third time in a row; it never
-    loosens a constraint). ``torch_compile``: the batched target
-    forward runs through ``torch.compile`` (``models.compiled``), compiled here before the
-    Generator returns (~1 min for SmolLM2 on two AVX2 cores the first time, ~13 s once inductor's caches
-    hold its graphs; a compile cannot run beside decoding in one process,
+    and speculative rows; CDLH and CDSL rows never write a block of tokens, or of words whatever
+    their case and punctuation, a third time in a row; it never loosens a constraint).
+    ``torch_compile``: the batched target forward runs through ``torch.compile`` (``models.compiled``),
+    compiled here before the Generator returns (~1 min for SmolLM2 on two AVX2 cores the first time,
+    ~13 s once inductor's caches hold its graphs; a compile cannot run beside decoding in one process,
     so ``serve`` does it in a second one: ``server.handoff``), then sealed: no later call compiles.
     False / ``"off"`` (the default here, for a quick start), True / ``"on"`` (where it cannot
     compile, a warning is logged and decoding runs eagerly) or ``"auto"`` (compile on the CPU where
@@ -163,6 +163,7 @@ class Generator:
         self.proposers = on_own_thread(lambda: build_proposers(self.draft, self.loaded.model,
                                                                target_tokenizer=self.tokenizer))
         self._draft_lock = threading.Lock()
+        self._sentence_guard: WordLoopGuard | None = None
         self._cdsl_draft: ModelRunner | None = next(
             (p.runner for p in self.proposers if isinstance(p, DraftModelProposer)), None)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.loaded.eos_token_ids[0]
@@ -505,12 +506,19 @@ class Generator:
         return compiled, ThoughtDeltas(spec.open, spec.close, spec.phase)
 
     def _strategy(self, call: Call) -> Any:
-        guard = SENTENCE_GUARD if self.loop_guard else None
+        guard = self._word_guard() if self.loop_guard else None
         if call.method is Method.CDLH:
             return CDLH(call.reward, loop_guard=guard)
         if call.method is Method.CDSL:
             return CDSL(self._cdsl_draft_runner(), call.reward, loop_guard=guard)
         return None
+
+    def _word_guard(self) -> WordLoopGuard:
+        """The loop guard of keyword sentences, on tokens and words (made once: ~0.3 s for SmolLM2)."""
+        with self._draft_lock:
+            if self._sentence_guard is None:
+                self._sentence_guard = WordLoopGuard(self.vocabulary.token_bytes)
+            return self._sentence_guard
 
     def _cdsl_draft_runner(self) -> ModelRunner:
         """The draft model CDSL steers by the reward (CDSL wraps it in a ``GuidedDraft``)."""

@@ -4,7 +4,7 @@ models) and the reward-steered strategies (``decoding.lookahead``)."""
 from .engine import PHASES, BatchEngine, Request, decode
 from .lookahead import CDLH, CDSL, CDSL_STATES, GuidedDraft
 from .loop import Proposal, Proposer, Session, forced_proposer
-from .loops import DEFAULT_GUARD, SENTENCE_GUARD, LoopGuard
+from .loops import DEFAULT_GUARD, SENTENCE_GUARD, LoopGuard, WordLoopGuard
 from .proposers import DraftModelProposer, PromptLookupProposer, build_proposers
 from .sampling import SamplingParams
 from .strategy import Strategy
@@ -17,6 +17,7 @@ __all__ = [
     "DEFAULT_GUARD",
     "SENTENCE_GUARD",
     "LoopGuard",
+    "WordLoopGuard",
     "GuidedDraft",
     "Strategy",
     "BatchEngine",

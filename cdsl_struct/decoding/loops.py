@@ -16,6 +16,7 @@ off (a legitimate output such as an array of many equal values is then not nudge
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -85,6 +86,64 @@ class LoopGuard:
 
 DEFAULT_GUARD = LoopGuard()
 SENTENCE_GUARD = LoopGuard(min_repeats=2, min_tokens=2)
+
+
+class WordLoopGuard(LoopGuard):
+    """``SENTENCE_GUARD`` on tokens, and the same on words: no block of up to ``max_words`` words is
+    written a third time in a row, whatever the case, the punctuation between the words or how the
+    tokenizer split them (``"Aw, shaking, aw, shaking, aw"`` and ``"wow, wow wow"`` are cycles of
+    words, not of tokens). Where the output's words end in a block written twice, each token that
+    would start the block's first word once more (a token whose first run of letters and digits is a
+    prefix of it: ``" a"`` for ``"aw"`` as well) is penalised like a token cycle's continuation.
+    Built from ``token_bytes``, what each token writes (``TokenVocabulary.token_bytes``)."""
+
+    def __init__(self, token_bytes: Sequence[bytes], max_words: int = 8) -> None:
+        super().__init__(min_repeats=2, min_tokens=2)
+        object.__setattr__(self, "max_words", max_words)
+        texts = [raw.decode("utf-8", errors="ignore") for raw in token_bytes]
+        starts: dict[tuple[str, bool], list[int]] = {}  # (first word run, starts with a separator)
+        whole: dict[tuple[str, bool], list[int]] = {}  # the same, tokens that write more after the run
+        for token_id, text in enumerate(texts):
+            match = _WORD.search(text)
+            if match is None:
+                continue
+            table = starts if match.end() == len(text) else whole
+            table.setdefault((match.group().lower(), match.start() > 0), []).append(token_id)
+        object.__setattr__(self, "texts", texts)
+        object.__setattr__(self, "starts", starts)
+        object.__setattr__(self, "whole", whole)
+
+    def bans(self, output: Sequence[int], proposed: Sequence[int], positions: int) -> list[tuple[int, int]]:
+        bans = super().bans(output, proposed, positions)
+        history = list(output)
+        for i in range(positions):
+            if i:
+                history.append(proposed[i - 1])
+            bans.extend((i, token) for token in self.word_continuations(history))
+        return bans
+
+    def word_continuations(self, history: Sequence[int]) -> list[int]:
+        """The tokens that would start the third run of the block of words ``history`` ends in."""
+        text = "".join(self.texts[t] for t in history[-4 * self.max_words:] if 0 <= t < len(self.texts))
+        words = _WORD.findall(text.lower())
+        if len(words) < 2:
+            return []
+        mid_word = bool(text) and text[-1].isalnum()  # the last word may go on: only a separator starts another
+        for period in range(1, min(self.max_words, len(words) // 2) + 1):
+            if words[-period:] == words[-2 * period:-period]:
+                first = words[-period]
+                tokens = []
+                for end in range(1, len(first) + 1):
+                    for separated in ((True,) if mid_word else (True, False)):
+                        tokens += self.starts.get((first[:end], separated), [])
+                        if end == len(first):
+                            tokens += self.whole.get((first, separated), [])
+                return tokens
+        return []
+
+
+#: a word: a run of letters and digits
+_WORD = re.compile(r"[^\W_]+")
 
 
 def loop_continuation(history: Sequence[int]) -> int | None:

@@ -11,6 +11,7 @@ from cdsl_struct.decoding.loops import (
     PENALTY,
     SENTENCE_GUARD,
     LoopGuard,
+    WordLoopGuard,
     loop_bans,
     loop_continuation,
     penalise,
@@ -79,3 +80,49 @@ def test_the_sentence_guard_stops_the_third_repeat_and_the_default_is_unchanged(
     assert SENTENCE_GUARD.guard(logits, [0, 0], [3]) == 1 and logits[0, 0] == -PENALTY and logits[1].eq(0).all()
     with pytest.raises(ValueError, match="min_repeats"):
         LoopGuard(min_repeats=1)
+
+
+@pytest.fixture(scope="module")
+def word_guard(smollm2):
+    from cdsl_struct.constraints.vocabulary import TokenVocabulary
+
+    vocabulary = TokenVocabulary.from_tokenizer(smollm2.tokenizer, smollm2.eos_token_ids)
+    return WordLoopGuard(vocabulary.token_bytes)
+
+
+@pytest.mark.parametrize(("text", "first_word"), [
+    ("Aw, shaking, aw, shaking,", "aw"),  # case and punctuation between the words aside
+    ("A pair of a pair of", "a"),  # the last word may still go on: only a new word is banned
+    ("wow, wow wow", "wow"),
+    ("The dog runs. The dog", None),
+    ("The dog sat on the mat and the cat sat on the rug.", None),
+])
+def test_the_word_guard_sees_blocks_of_words(smollm2, word_guard, text, first_word):
+    tokenizer = smollm2.tokenizer
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    banned = word_guard.word_continuations(ids)
+    if first_word is None:
+        assert banned == []
+        return
+    assert banned
+    for token in banned:
+        piece = tokenizer.decode([token])
+        word = piece.strip(" ,.").lower()
+        assert word and first_word.startswith(word), piece  # each starts the block's first word
+        if text[-1].isalnum():
+            assert not piece[0].isalnum(), piece  # mid-word: only a token that opens a new word
+    assert tokenizer.encode(" " + first_word.capitalize(), add_special_tokens=False)[0] in banned
+
+
+def test_the_word_guard_guards_tokens_too_and_each_position(smollm2, word_guard):
+    tokenizer = smollm2.tokenizer
+    ids = tokenizer("Aw, shaking, aw, shaking,", add_special_tokens=False)["input_ids"]
+    bans = word_guard.bans(ids[:2], ids[2:], len(ids) - 1)  # position i follows ids[:2 + i]
+    positions = {position for position, _ in bans}
+    assert positions == {i for i in range(len(ids) - 1) if word_guard.word_continuations(ids[:2 + i])}
+    twice = len(tokenizer("Aw, shaking, aw, shaking", add_special_tokens=False)["input_ids"])
+    assert positions and min(positions) == twice - 2  # from the second "shaking" on
+    assert word_guard.continuation([1, 2, 3, 1, 2, 3]) == 1  # SENTENCE_GUARD's token cycles still count
+    logits = torch.zeros(1, len(word_guard.texts))
+    assert word_guard.guard(logits, ids) == len(word_guard.word_continuations(ids)) > 0
+    assert (logits[0] == -PENALTY).sum() == len(set(word_guard.word_continuations(ids)))
