@@ -508,10 +508,14 @@ def test_params_object_and_keyword_overrides_decode_alike(gen):
 def test_keyword_strategies_carry_the_generators_loop_guard(smollm2):
     from types import SimpleNamespace
 
-    from cdsl_struct.decoding.loops import SENTENCE_GUARD
+    from cdsl_struct.decoding.loops import SENTENCE_GUARD, WordLoopGuard
     from cdsl_struct.options import Method
     from cdsl_struct.rewards import KeywordCoverage
 
     call = SimpleNamespace(method=Method.CDLH, reward=KeywordCoverage(["dog"]))
-    assert Generator(smollm2, draft=None)._strategy(call).loop_guard == SENTENCE_GUARD
+    gen = Generator(smollm2, draft=None)
+    guard = gen._strategy(call).loop_guard
+    assert isinstance(guard, WordLoopGuard) and gen._strategy(call).loop_guard is guard  # made once
+    assert (guard.min_repeats, guard.min_tokens) == (SENTENCE_GUARD.min_repeats, SENTENCE_GUARD.min_tokens)
+    assert len(guard.texts) == gen.vocabulary.size
     assert Generator(smollm2, draft=None, loop_guard=False)._strategy(call).loop_guard is None
