@@ -125,6 +125,24 @@ def smollm2():
     return load_model("smollm2")
 
 
+@pytest.fixture(scope="session")
+def dynamic_int8_draft(smollm2):
+    """SmolLM2 under torch's own dynamic quantisation (one activation scale for a whole batch): the
+    int8 self-draft as it was built before ``models.int8``, for the paths that still take such a draft."""
+    import copy
+    import warnings
+
+    import torch
+
+    from cdsl_struct.models.packed import unpack_linears
+
+    plain = copy.deepcopy(smollm2.model).float()
+    unpack_linears(plain)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao's deprecation notice
+        return torch.ao.quantization.quantize_dynamic(plain, {torch.nn.Linear}, dtype=torch.qint8).eval()
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Decode with one torch thread for the module: on a shared 2-core machine, two threads

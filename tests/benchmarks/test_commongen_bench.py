@@ -147,22 +147,23 @@ def test_commongen_cli_writes_the_report(tmp_path, capsys):
     assert "speedup_cdsl_vs_cdlh" in printed and "hard 95% CI" in printed
 
 
-def test_a_concept_set_that_looped_now_ends_in_a_sentence(smollm2, one_torch_thread):
-    """``ball, golfer, hole``: CDSL's guided draft lists the keywords, and once they are all written
-    the reward no longer moves, so every lookahead of the draft's cycle (" a golf,") is accepted by
-    a target that agrees with it, until ``max_tokens``. The sentence guard ends the cycle."""
+def test_a_concept_set_that_looped_now_ends_in_a_sentence(smollm2, one_torch_thread, dynamic_int8_draft):
+    """``ball, golfer, hole``, on the int8 draft this loop was found with (torch's dynamic
+    quantisation): CDSL's guided draft lists the keywords, and once they are all written the reward
+    no longer moves, so every lookahead of the draft's cycle (" a golf,") is accepted by a target
+    that agrees with it, until ``max_tokens``. The sentence guard ends the cycle."""
     from benchmarks.commongen import PROMPT, make_strategy
     from benchmarks.sentence import LOOSE_SENTENCE, repeated_block
     from cdsl_struct import Regex, compile
     from cdsl_struct.decoding import decode
-    from cdsl_struct.models.runner import ModelRunner, self_draft
+    from cdsl_struct.models.runner import ModelRunner
 
     concepts = ["ball_N", "golfer_N", "hole_N"]
     compiled = compile(Regex(LOOSE_SENTENCE), smollm2.tokenizer, eos_token_ids=smollm2.eos_token_ids)
     prompt = smollm2.tokenizer.apply_chat_template(
         [{"role": "user", "content": PROMPT.format(words="ball, golfer, hole")}],
         add_generation_prompt=True, tokenize=True)["input_ids"]
-    target, draft = ModelRunner(smollm2.model), ModelRunner(self_draft(smollm2.model, "int8"), name="int8")
+    target, draft = ModelRunner(smollm2.model), ModelRunner(dynamic_int8_draft, name="int8")
     texts = {}
     for guard in (False, True):
         config = CommonGenConfig(sentence="loose", loop_guard=guard)

@@ -2,7 +2,6 @@
 CDSL rows batched with each other and with plain rows decode exactly what each decodes alone,
 share target and draft forwards, and hold and free the cache rows of their roll-outs."""
 
-import copy
 import re
 
 import pytest
@@ -62,31 +61,21 @@ def test_strategy_rows_batched_together_equal_each_alone(smollm2, parts):
     assert not engine.runner.order  # every row and roll-out released
 
 
-def _cdsl_alone_and_together(smollm2, compiled, prompts, draft):
+def _cdsl_alone_and_together(smollm2, compiled, prompts, draft, rows=3):
     alone = [decode(ModelRunner(smollm2.model), compiled, ids, max_tokens=10, strategy=strategy("cdsl", words, draft))
-             for words, ids in zip(TOPICS[:3], prompts[:3], strict=True)]
+             for words, ids in zip(TOPICS[:rows], prompts[:rows], strict=True)]
     engine = BatchEngine(BatchRunner(smollm2.model, pad_token_id=smollm2.eos_token_ids[0]), max_batch_size=4)
     together = engine.run([Request(tuple(ids), compiled, max_tokens=10, strategy=strategy("cdsl", words, draft))
-                           for words, ids in zip(TOPICS[:3], prompts[:3], strict=True)])
+                           for words, ids in zip(TOPICS[:rows], prompts[:rows], strict=True)])
     return alone, together, engine
 
 
-def test_rows_drafting_on_a_dynamically_quantised_draft_draft_alone(smollm2, parts):
+def test_rows_drafting_on_a_dynamically_quantised_draft_draft_alone(smollm2, parts, dynamic_int8_draft):
     """torch's dynamic quantisation scales activations over its whole batch: batched, a row's
     lookahead would depend on its neighbours. Its rows draft one at a time and decode what they do alone."""
-    import warnings
-
-    import torch
-
-    from cdsl_struct.models.packed import unpack_linears
-
     compiled, prompts, _ = parts
-    plain = copy.deepcopy(smollm2.model).float()
-    unpack_linears(plain)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch.ao's deprecation notice
-        dynamic = torch.ao.quantization.quantize_dynamic(plain, {torch.nn.Linear}, dtype=torch.qint8).eval()
-    alone, together, engine = _cdsl_alone_and_together(smollm2, compiled, prompts, dynamic)
+    dynamic = dynamic_int8_draft
+    alone, together, engine = _cdsl_alone_and_together(smollm2, compiled, prompts, dynamic, rows=2)
     assert [r.tokens for r in together] == [r.tokens for r in alone]
     assert not engine.programs.drafts  # no batched draft runner was made
     assert not engine.programs.solo_drafts  # each row's own draft runner went with the row
