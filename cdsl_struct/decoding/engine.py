@@ -416,8 +416,9 @@ class BatchEngine:
     def _commit_all(self, rows: list[tuple[Row, Proposal, int]], forward: float, logits: torch.Tensor,
                     masks: torch.Tensor) -> None:
         """Mask every position of every row and choose greedily (and draw each sampling row's last
-        token) in a few ops over all of them, in place in the runner's ``logits`` (row ``start`` on:
-        each row's positions; ``masks`` theirs, in row order), with one read back of the choices;
+        token and judge what it proposed) in a few ops over all of them, in place in the runner's
+        ``logits`` (row ``start`` on: each row's positions; ``masks`` theirs, in row order), with one
+        read back of the choices;
         then verify and commit row by row."""
         phases = self.stats.phase_seconds
         started = time.perf_counter()
@@ -432,11 +433,17 @@ class BatchEngine:
                 session.stats.loop_guarded += len(row_bans)
                 bans += [(start + i, token) for i, token in row_bans]
         penalise(logits, bans)
-        # a sampling row's token after its last proposed one, drawn with the argmaxes (one read)
-        draws = [(end - 1, row.session.params, row.session.generator)
-                 for (row, _, _), (_, end) in zip(rows, spans, strict=True) if not row.session.params.greedy]
-        choices, drawn = mask_and_choose(logits, _in_logit_order(masks, spans, logits.shape[0]), draws)
+        # a sampling row's token after its last proposed one, drawn with the argmaxes, and its verdict
+        # on what it proposed, judged with them (one read)
+        sampling = [(row, proposal, start, end) for (row, proposal, _), (start, end) in zip(rows, spans, strict=True)
+                    if not row.session.params.greedy]
+        draws = [(end - 1, row.session.params, row.session.generator) for row, _, _, end in sampling]
+        verdicts = [(start, proposal.tokens, proposal.draft_probs, row.session.params, row.session.generator)
+                    for row, proposal, start, _ in sampling if proposal.tokens]
+        choices, drawn, judged = mask_and_choose(logits, _in_logit_order(masks, spans, logits.shape[0]), draws,
+                                                 verdicts)
         drawn_at = {row_end: token for (row_end, _, _), token in zip(draws, drawn, strict=True)}
+        verdict_at = {start: verdict for (start, *_), verdict in zip(verdicts, judged, strict=True)}
         committed_at = time.perf_counter()
         phases["sample"] += committed_at - started
         streaming = 0.0
@@ -444,7 +451,7 @@ class BatchEngine:
             self._count_pass(row, len(proposal.tokens) + 1, forward)
             try:
                 committed = self._commit_row(row, proposal, logits[start:end], choices[start:end],
-                                             drawn_at.get(end - 1))
+                                             drawn_at.get(end - 1), verdict_at.get(start))
             except Exception as exc:  # noqa: BLE001
                 self._end(row, error=exc)
                 continue
@@ -467,12 +474,12 @@ class BatchEngine:
         stats.target_positions += positions
 
     def _commit_row(self, row: Row, proposal: Proposal, masked: torch.Tensor, choices: list[int],
-                    drawn: int | None = None) -> list[int]:
-        """Verify and commit one row's proposal (``drawn``: a sampling row's token drawn in bulk);
-        its committed tokens."""
+                    drawn: int | None = None, verdict: tuple[int, int] | None = None) -> list[int]:
+        """Verify and commit one row's proposal (``drawn``, ``verdict``: a sampling row's token drawn
+        and its proposal judged in bulk); its committed tokens."""
         session, request = row.session, row.request
         accepted_before = session.stats.accepted
-        committed = commit(session, proposal, masked, choices, drawn)
+        committed = commit(session, proposal, masked, choices, drawn, verdict)
         if self.width is not None:
             self.width.observe_verdict(proposal.drafted, max(0, session.stats.accepted - accepted_before
                                                              - proposal.forced))

@@ -25,7 +25,7 @@ from ..models.batch import Feed
 from ..models.runner import ModelRunner
 from ..result import DecodeStats, Result, parse_value
 from .budget import BudgetCloser
-from .sampling import SamplingParams, choose, distribution, draw_tokens
+from .sampling import SamplingParams, choose, distribution, draw_tokens, speculative_verdict
 from .strategy import MAIN, Passes, StepProgram
 
 _log = logging.getLogger(__name__)
@@ -249,25 +249,41 @@ def greedy_choices(masked: torch.Tensor) -> list[int]:
     return torch.where(torch.isfinite(best), index, -1).tolist()
 
 
+#: a sampling row's proposal to judge in bulk: (its first position in the logits, the proposed tokens,
+#: the draft's distribution of each or None, the row's sampling parameters and generator)
+VerdictRequest = tuple[int, Sequence[int], Sequence[torch.Tensor | None], SamplingParams, torch.Generator]
+
+
 def mask_and_choose(logits: torch.Tensor, masks: torch.Tensor,
-                    draws: Sequence[tuple[int, SamplingParams, torch.Generator]] = ()) -> tuple[list[int], list[int]]:
+                    draws: Sequence[tuple[int, SamplingParams, torch.Generator]] = (),
+                    verdicts: Sequence[VerdictRequest] = ()
+                    ) -> tuple[list[int], list[int], list[tuple[int, int]]]:
     """Mask ``logits`` in place by ``masks`` (one packed row per row of logits), choose greedily in
-    every row (``greedy_choices``) and draw a token for each of ``draws`` (``(row, params,
-    generator)``: ``sampling.draw_tokens``): a few ops over all rows and ONE read back of the choices
-    and the draws together (on the CPU, numpy kernels over the logits' memory, read once).
-    Returns (choices, draws)."""
+    every row (``greedy_choices``), draw a token for each of ``draws`` (``(row, params, generator)``:
+    ``sampling.draw_tokens``) and judge each of ``verdicts`` (``sampling.speculative_verdict``): a few
+    ops over all rows and ONE read back of all of it (on the CPU, numpy kernels over the logits'
+    memory, read once). Returns (choices, draws, verdicts): each verdict (accepted, the residual's
+    draw)."""
     if host_kernels(logits):
         rows = logits.numpy()
         mask_on_host(rows, masks)
-        # the logits are host memory here: drawing over that memory reads nothing more back
-        return _host_choices(rows), draw_tokens(torch.from_numpy(rows), draws).tolist() if draws else []
+        # the logits are host memory here: drawing and judging over that memory reads nothing more back
+        held = torch.from_numpy(rows)
+        drawn = draw_tokens(held, draws).tolist() if draws else []
+        judged = [speculative_verdict(held[start:start + len(tokens)], tokens, probs, params, generator).tolist()
+                  for start, tokens, probs, params, generator in verdicts]
+        return _host_choices(rows), drawn, [(accepted, token) for accepted, token in judged]
     apply_bitmask(logits, masks)
     best, index = logits.max(dim=-1)
-    chosen = torch.where(torch.isfinite(best), index, -1)
+    parts = [torch.where(torch.isfinite(best), index, -1)]
     if draws:
-        chosen = torch.cat([chosen, draw_tokens(logits, draws)])
-    values = chosen.tolist()
-    return values[:logits.shape[0]], values[logits.shape[0]:]
+        parts.append(draw_tokens(logits, draws))
+    parts += [speculative_verdict(logits[start:start + len(tokens)], tokens, probs, params, generator)
+              for start, tokens, probs, params, generator in verdicts]
+    values = torch.cat(parts).tolist()
+    rows, drawn = logits.shape[0], len(draws)
+    judged = values[rows + drawn:]
+    return values[:rows], values[rows:rows + drawn], [(judged[i], judged[i + 1]) for i in range(0, len(judged), 2)]
 
 
 def _host_choices(rows: np.ndarray) -> list[int]:
@@ -278,12 +294,13 @@ def _host_choices(rows: np.ndarray) -> list[int]:
 
 
 def commit(session: Session, proposal: Proposal, masked: torch.Tensor, choices: list[int] | None = None,
-           drawn: int | None = None) -> list[int]:
+           drawn: int | None = None, verdict: tuple[int, int] | None = None) -> list[int]:
     """Verify ``proposal`` against the target's masked logits (one row per proposed position plus
     one), roll the state back past the rejected tail, and commit. Returns the committed tokens
     ([] = dead end). ``choices``: the argmax of every row, when the caller computed them in bulk;
-    ``drawn``: a sampling row's token drawn at the last position in bulk (``mask_and_choose``)."""
-    accepted, extra = verify(session, proposal, masked, choices, drawn)
+    ``drawn``: a sampling row's token drawn at the last position in bulk; ``verdict``: a sampling
+    row's verdict on its proposal, judged in bulk (both ``mask_and_choose``)."""
+    accepted, extra = verify(session, proposal, masked, choices, drawn, verdict)
     session.stats.accepted += accepted
     session.state.rollback(len(proposal.tokens) - accepted)
     committed = proposal.tokens[:accepted]
@@ -301,14 +318,16 @@ def commit(session: Session, proposal: Proposal, masked: torch.Tensor, choices: 
     return committed
 
 
-def verify(session: Session, proposal: Proposal, masked: torch.Tensor,
-           choices: list[int] | None = None, drawn: int | None = None) -> tuple[int, int | None]:
+def verify(session: Session, proposal: Proposal, masked: torch.Tensor, choices: list[int] | None = None,
+           drawn: int | None = None, verdict: tuple[int, int] | None = None) -> tuple[int, int | None]:
     """How many proposed tokens the target accepts, and the token it adds after them.
 
     ``masked[i]`` holds the target's logits at proposed position ``i`` already masked by
     ``proposal.masks[i]`` (``mask_positions``); ``choices[i]``, if given, is their argmax
     (``greedy_choices``: -1 where nothing is allowed); ``drawn``, if given, a sampling row's draw
-    at the last position (``sampling.draw_tokens``), taken when every proposed token is accepted.
+    at the last position (``sampling.draw_tokens``), taken when every proposed token is accepted;
+    ``verdict``, if given, a sampling row's (accepted, residual draw) judged where the logits are
+    (``sampling.speculative_verdict``: the same test, no read of its own).
 
     Greedy: accept while the masked target argmax equals the proposal; the argmax at the first
     mismatch (or after the last proposal) is the extra token. Sampling: accept token x with
@@ -319,6 +338,32 @@ def verify(session: Session, proposal: Proposal, masked: torch.Tensor,
     params, generator = session.params, session.generator
     if params.greedy and choices is None:
         choices = greedy_choices(masked)
+    if verdict is not None and not params.greedy:
+        if verdict[0] < len(proposal.tokens):
+            return verdict[0], verdict[1] if verdict[1] >= 0 else None
+    else:
+        rejected = _first_rejected(session, proposal, masked, choices)
+        if rejected is not None:
+            return rejected
+    accepted = len(proposal.tokens)
+    if session.state.finished:
+        return accepted, None
+    if params.greedy:
+        best = choices[accepted]
+        return (accepted, best) if best >= 0 else (accepted, None)
+    if drawn is not None:
+        return accepted, drawn if drawn >= 0 else None
+    final = masked[accepted]
+    if not torch.isfinite(final).any():
+        return accepted, None
+    return accepted, choose(final, params, generator)
+
+
+def _first_rejected(session: Session, proposal: Proposal, masked: torch.Tensor,
+                    choices: list[int] | None) -> tuple[int, int | None] | None:
+    """``verify``'s test token by token: (the index of the first proposed token the target rejects,
+    the token it writes there instead), or None where it accepts them all."""
+    params, generator = session.params, session.generator
     for i, token in enumerate(proposal.tokens):
         target_logits = masked[i]
         if params.greedy:
@@ -339,18 +384,7 @@ def verify(session: Session, proposal: Proposal, masked: torch.Tensor,
         if float(residual.sum()) <= 0:
             residual = p
         return i, int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
-    accepted = len(proposal.tokens)
-    if session.state.finished:
-        return accepted, None
-    if params.greedy:
-        best = choices[accepted]
-        return (accepted, best) if best >= 0 else (accepted, None)
-    if drawn is not None:
-        return accepted, drawn if drawn >= 0 else None
-    final = masked[accepted]
-    if not torch.isfinite(final).any():
-        return accepted, None
-    return accepted, choose(final, params, generator)
+    return None
 
 
 def finish(session: Session, dead_end: bool, stopped: bool = False, cancelled: bool = False) -> Result:

@@ -51,7 +51,8 @@ on_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA
                                                        pytest.param(2, "cuda", marks=on_cuda)])
 def test_every_step_reads_the_device_once(setup, monkeypatch, mask_workers, kernels):
     """JSON and regex rows, prompt lookup drafts (speculation, rollback), forced tokens, the loop
-    guard and penalties, rows that sample (top-p too; no drafts), rows joining and ending: one read
+    guard and penalties, rows that sample (top-p too; one of them judging prompt lookup's drafts), rows
+    joining and ending: one read
     a step, with the CPU's numpy kernels (their one view of the logits), with the torch ops a GPU
     runs (forced here), with those on the static-shape runner a GPU runs by default (its steps
     eager here), and on a GPU."""
@@ -70,7 +71,7 @@ def test_every_step_reads_the_device_once(setup, monkeypatch, mask_workers, kern
     requests = [Request(tuple(prompt_ids(tokenizer, text)), date if i == 2 else json_spec, max_tokens=10 + 3 * i,
                         proposers=lookup if i % 2 else (), loop_guard=True,
                         penalties=Penalties(frequency=0.5) if i == 3 else None,
-                        params=SamplingParams(temperature=0.8, top_p=0.9 if i == 4 else 1.0, seed=i) if i in (0, 4)
+                        params=SamplingParams(temperature=0.8, top_p=0.9 if i == 4 else 1.0, seed=i) if i in (0, 1, 4)
                         else SamplingParams())
                 for i, text in enumerate(prompts(5))]
     engine = BatchEngine(batch_runner(model, pad_token_id=0), max_batch_size=3, kv_budget_bytes=float("inf"),
@@ -88,6 +89,7 @@ def test_every_step_reads_the_device_once(setup, monkeypatch, mask_workers, kern
         engine.close()
     assert all(row.error is None for row in rows)
     assert len(per_step) > 10 and set(per_step) == {1}
+    assert rows[1].session.stats.proposed > 0  # a sampling row's proposals were judged within those reads
     if kernels == "static":
         assert type(engine.runner).__name__ == "GraphRunner" and engine.runner.static_off is None
         assert engine.runner.eager_steps >= len(per_step)

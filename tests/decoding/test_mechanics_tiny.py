@@ -11,11 +11,13 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from cdsl_struct import IncompatibleTokenizers, Regex, compile
-from cdsl_struct.constraints import TokenVocabulary
+from cdsl_struct.constraints import TokenVocabulary, mask
 from cdsl_struct.constraints.mask import allocate_bitmask
-from cdsl_struct.decoding import DraftModelProposer, SamplingParams, decode, forced_proposer
+from cdsl_struct.decoding import DraftModelProposer, SamplingParams, decode, forced_proposer, loop
+from cdsl_struct.decoding.engine import BatchEngine, Request
 from cdsl_struct.decoding.sampling import distribution, masked_logits
 from cdsl_struct.models.runner import ModelRunner, check_same_vocabulary, self_draft
+from cdsl_struct.models.self_check import batch_runner
 
 LETTERS = b"abcdefgh"
 EOS = len(LETTERS)
@@ -130,6 +132,29 @@ def test_speculative_sampling_matches_constrained_target(models, compiled, draft
             return [AlwaysA()]
     samples = sample_outputs(models, compiled, make, 800)
     assert chi_square_p_value(samples, exact) > 1e-3
+
+
+@pytest.mark.parametrize("kernels", ["host", "device"])
+@pytest.mark.parametrize("draft", ["model", "point-mass"])
+def test_the_engines_verdicts_in_bulk_sample_the_constrained_target(models, compiled, monkeypatch, draft, kernels):
+    """The engine judges a sampling row's proposal with the step's choices, in its one read
+    (``sampling.speculative_verdict``), on the CPU's numpy path and on the torch ops a GPU runs
+    (forced here): 800 seeded rows, 16 at a time, against the exact constrained target."""
+    if kernels == "device":
+        monkeypatch.setattr(loop, "host_kernels", lambda logits: False)
+        monkeypatch.setattr(mask, "host_kernels", lambda logits: False)
+    exact = exact_distribution(models[0], compiled, PARAMS)
+    proposers = (forced_proposer(), DraftModelProposer(ModelRunner(models[1], name="draft"))) \
+        if draft == "model" else (AlwaysA(),)
+    engine = BatchEngine(batch_runner(models[0], pad_token_id=EOS), max_batch_size=16, adaptive_width=False)
+    try:
+        results = engine.run([Request(tuple(PROMPT), compiled, SamplingParams(temperature=1.0, seed=seed), 4,
+                                      proposers=proposers, k=2) for seed in range(800)])
+    finally:
+        engine.close()
+    assert all(result.finish_reason == "stop" for result in results)
+    assert sum(result.stats.proposed for result in results) > 800  # most rows had a proposal judged
+    assert chi_square_p_value([tuple(result.tokens[:2]) for result in results], exact) > 1e-3
 
 
 def test_chi_square_rejects_a_biased_sampler(models, compiled):

@@ -3,7 +3,14 @@
 import pytest
 import torch
 
-from cdsl_struct.decoding.sampling import MIN_TEMPERATURE, SamplingParams, choose, distribution, draw_tokens
+from cdsl_struct.decoding.sampling import (
+    MIN_TEMPERATURE,
+    SamplingParams,
+    choose,
+    distribution,
+    draw_tokens,
+    speculative_verdict,
+)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1e-300, 5e-324, 1e-38, MIN_TEMPERATURE / 2])
@@ -52,3 +59,21 @@ def test_a_draw_depends_on_its_own_generator_alone_and_is_minus_one_where_nothin
     crowd = draw_tokens(logits, [(1, SamplingParams(temperature=0.7), SamplingParams(temperature=0.7).generator()),
                                  (0, params, params.generator()), (2, params, params.generator())])
     assert crowd[1] == alone[0] and crowd[2] == -1
+
+
+def test_a_verdict_keeps_a_forced_token_refuses_one_outside_the_nucleus_and_draws_nothing_where_nothing_is_allowed():
+    """``speculative_verdict``'s edges (its distribution is tested through the engine:
+    tests/decoding/test_mechanics_tiny.py): a token the mask forces is accepted; a token top-p leaves
+    out is refused and the draw comes from the nucleus; a position that allows nothing gives -1."""
+    inf = float("inf")
+    params = SamplingParams(temperature=0.7, top_p=0.5, seed=1)
+    forced = torch.full((2, 6), -inf)
+    forced[0, 3] = 0.0
+    forced[1, :4] = torch.tensor([2.0, 1.0, 0.5, 0.0])
+    assert speculative_verdict(forced, [3, 2], [None, None], params, params.generator()).tolist()[0] == 1
+    refused = forced[1:].clone()  # token 3 is allowed by the mask, outside the 0.5 nucleus
+    for seed in range(20):
+        generator = torch.Generator().manual_seed(seed)
+        assert speculative_verdict(refused, [3], [None], params, generator).tolist() == [0, 0]
+    nothing = torch.full((1, 6), -inf)
+    assert speculative_verdict(nothing, [2], [None], params, params.generator()).tolist() == [0, -1]
