@@ -134,8 +134,7 @@ def test_speculative_sampling_matches_constrained_target(models, compiled, draft
     assert chi_square_p_value(samples, exact) > 1e-3
 
 
-@pytest.mark.parametrize("kernels", ["host", "device"])
-@pytest.mark.parametrize("draft", ["model", "point-mass"])
+@pytest.mark.parametrize(("draft", "kernels"), [("model", "host"), ("point-mass", "device")])
 def test_the_engines_verdicts_in_bulk_sample_the_constrained_target(models, compiled, monkeypatch, draft, kernels):
     """The engine judges a sampling row's proposal with the step's choices, in its one read
     (``sampling.speculative_verdict``), on the CPU's numpy path and on the torch ops a GPU runs
