@@ -66,48 +66,49 @@ def distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return probs
 
 
-def distributions(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """``distribution`` of every row of already-masked ``logits`` (``[positions, vocab]``), in float32;
-    a row that allows nothing is all zeros."""
-    scaled = logits.float() / params.temperature
-    if params.top_p < 1.0:
-        scaled = _nucleus(scaled, params.top_p)
-    return torch.nan_to_num(torch.softmax(scaled, dim=-1), nan=0.0)
-
-
 def speculative_verdict(masked: torch.Tensor, tokens: Sequence[int], draft_probs: Sequence[torch.Tensor | None],
                         params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
     """Speculative sampling's verdict on a sampling row's proposed ``tokens``, computed where the logits
     are with no read back (the engine reads it with the step's choices, in its one transfer).
 
     ``masked``: the target's masked logits at each proposed position (``[len(tokens), vocab]``). Token
-    ``i`` is accepted when ``u_i * q_i(x_i) < p_i(x_i)``, ``u_i`` uniform from the row's generator and
-    ``q_i`` the draft's distribution (``draft_probs[i]``; a point mass where None: a token forced,
-    looked up or drafted greedily), the test ``loop.verify`` makes token by token. At every position a
-    token is drawn beforehand, by Gumbel-max, from the normalised residual ``max(p - q, 0)`` (``p`` where
-    that is empty), so no draw waits for a read. Returns an int64 pair: how many tokens were accepted,
-    and the residual's draw at the first rejected one (-1 where it allows nothing; meaningless when all
-    were accepted: the token after them is the step's own draw, ``draw_tokens``). The same
-    distribution as ``loop.verify``'s, not the same draws."""
+    ``i`` is accepted when ``u_i * q_i(x_i) < p_i(x_i)``, ``u_i`` uniform from the row's generator,
+    ``p_i`` the target's distribution (temperature, top-p) and ``q_i`` the draft's (``draft_probs[i]``;
+    a point mass where None: a token forced, looked up or drafted greedily), the test ``loop.verify``
+    makes token by token. At the first rejected position a token is drawn, by Gumbel-max, from the
+    normalised residual ``max(p - q, 0)`` (``p`` where that is empty); the position is picked on the
+    device, so no draw waits for a read. Returns an int64 pair: how many tokens were accepted, and that
+    draw (-1 where the position allows nothing; meaningless when all were accepted: the token after
+    them is the step's own draw, ``draw_tokens``). The same distribution as ``loop.verify``'s, not the
+    same draws."""
     count, device = len(tokens), masked.device
-    p = distributions(masked[:count], params)
+    scaled = masked[:count].float() / params.temperature
+    if params.top_p < 1.0:
+        scaled = _nucleus(scaled, params.top_p)
     ids = torch.tensor(tokens, dtype=torch.long).to(device, non_blocking=True)[:, None]
-    p_tokens = p.gather(1, ids)[:, 0]
-    residual = p.scatter(1, ids, 0.0)  # max(p - q, 0) for a point mass q at the token
+    # p_i(x_i) from the log-normaliser: no distribution over the vocabulary at every position
+    p_tokens = torch.nan_to_num(torch.exp(scaled.gather(1, ids)[:, 0] - torch.logsumexp(scaled, dim=-1)), nan=0.0)
     q_tokens = torch.ones(count, device=device)
     drafted = [i for i, q in enumerate(draft_probs) if q is not None]
     if drafted:
         index = torch.tensor(drafted, dtype=torch.long).to(device, non_blocking=True)
-        q = torch.stack([draft_probs[i] for i in drafted]).to(device, torch.float32)
-        q_tokens[index] = q.gather(1, ids[index])[:, 0]
-        residual[index] = torch.clamp(p[index] - q, min=0.0)
-    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p)
+        q_rows = torch.zeros((count, scaled.shape[-1]), device=device)
+        q_rows[index] = torch.stack([draft_probs[i] for i in drafted]).to(device, torch.float32)
+        q_tokens[index] = q_rows.gather(1, ids)[index, 0]
+        sampled = torch.zeros(count, dtype=torch.bool, device=device)
+        sampled[index] = True
     uniforms = torch.rand(count, generator=generator, device=device)
+    accepted = torch.cumprod((uniforms * q_tokens < p_tokens).long(), 0).sum()
+    at = accepted.clamp(max=count - 1)[None]  # the first rejected position (any, when none was)
+    p = torch.nan_to_num(torch.softmax(scaled.index_select(0, at), dim=-1), nan=0.0)[0]
+    residual = p.scatter(0, ids.index_select(0, at)[0], 0.0)  # max(p - q, 0) for a point mass q
+    if drafted:
+        residual = torch.where(sampled.index_select(0, at), torch.clamp(p - q_rows.index_select(0, at)[0], min=0),
+                               residual)
+    residual = torch.where(residual.sum() > 0, residual, p)
     noise = torch.rand(residual.shape, generator=generator, device=device)
     best, drawn = (torch.log(residual) - torch.log(-torch.log(noise))).max(dim=-1)  # u = 0: -inf, never drawn
-    drawn = torch.where(torch.isfinite(best), drawn, -1)
-    accepted = torch.cumprod((uniforms * q_tokens < p_tokens).long(), 0).sum()
-    return torch.stack([accepted, drawn[accepted.clamp(max=count - 1)]])
+    return torch.stack([accepted, torch.where(torch.isfinite(best), drawn, -1)])
 
 
 def draw_tokens(logits: torch.Tensor, draws: Sequence[tuple[int, SamplingParams, torch.Generator]]) -> torch.Tensor:
