@@ -438,8 +438,11 @@ class BatchEngine:
         sampling = [(row, proposal, start, end) for (row, proposal, _), (start, end) in zip(rows, spans, strict=True)
                     if not row.session.params.greedy]
         draws = [(end - 1, row.session.params, row.session.generator) for row, _, _, end in sampling]
+        # a draft distribution over another vocabulary width fails in its own row's verify, not in these bulk ops
+        vocab = logits.shape[-1]
         verdicts = [(start, proposal.tokens, proposal.draft_probs, row.session.params, row.session.generator)
-                    for row, proposal, start, _ in sampling if proposal.tokens]
+                    for row, proposal, start, _ in sampling
+                    if proposal.tokens and all(q is None or q.shape[-1] == vocab for q in proposal.draft_probs)]
         choices, drawn, judged = mask_and_choose(logits, _in_logit_order(masks, spans, logits.shape[0]), draws,
                                                  verdicts)
         drawn_at = {row_end: token for (row_end, _, _), token in zip(draws, drawn, strict=True)}

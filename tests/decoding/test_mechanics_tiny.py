@@ -156,6 +156,40 @@ def test_the_engines_verdicts_in_bulk_sample_the_constrained_target(models, comp
     assert chi_square_p_value([tuple(result.tokens[:2]) for result in results], exact) > 1e-3
 
 
+class WrongWidthDraft:
+    """A draft proposing ``token`` first, with a distribution over a wider vocabulary than the target's."""
+
+    name = "wrong-width"
+
+    def __init__(self, token):
+        self.token = token
+
+    def propose(self, session, proposal, budget):
+        if not session.output and session.state.validate([self.token]) == 1:
+            proposal.masks.append(session.current_mask())
+            q = torch.zeros(EOS + 4)
+            q[self.token] = 1.0
+            session.speculate(proposal, self.token, q)
+
+
+def test_a_draft_of_another_width_ends_its_own_row_not_the_steps_bulk_verdicts(models, compiled):
+    """Its rejected token's residual cannot be formed: that row ends with the error, in its own verify;
+    the rows beside it, judged in the same bulk ops, finish."""
+    exact = exact_distribution(models[0], compiled, PARAMS)
+    unlikely = min(range(4), key=lambda x1: sum(p for (first, _), p in exact.items() if first == x1))
+    nucleus = SamplingParams(temperature=1.0, top_p=0.01)  # the most likely token alone: ``unlikely`` is refused
+    engine = BatchEngine(batch_runner(models[0], pad_token_id=EOS), max_batch_size=4, adaptive_width=False)
+    try:
+        rows = engine.run_rows([Request(tuple(PROMPT), compiled, params, 4, proposers=proposers, k=2)
+                                for params, proposers in [(nucleus, (WrongWidthDraft(unlikely),)),
+                                                          (SamplingParams(temperature=1.0, seed=1), (AlwaysA(),)),
+                                                          (SamplingParams(temperature=1.0, seed=2), ())]])
+    finally:
+        engine.close()
+    assert rows[0].error is not None
+    assert all(row.error is None and row.result.finish_reason == "stop" for row in rows[1:])
+
+
 def test_chi_square_rejects_a_biased_sampler(models, compiled):
     """Draft-only sampling (accept everything) is what a biased verifier would produce."""
     exact = exact_distribution(models[0], compiled, PARAMS)
