@@ -26,6 +26,8 @@ HARNESSES: dict[str, tuple[str, str]] = {
                                 "requests: exactly-once answers, no 5xx, flat memory"),
     "startup": ("benchmarks.startup", "how soon serve answers (/v1/models, the first json_schema request) and how "
                                       "fast later: eager while a second process compiles, then compiled"),
+    "generator-startup": ("benchmarks.generator_startup", "how soon Generator(torch_compile=...) answers and how "
+                                                          "fast later: eager while a second process compiles"),
     "serve": ("benchmarks.serve_compare",
               "cdsl-struct bench serve, and with --against another OpenAI-compatible server side by side"),
     "throughput": ("benchmarks.throughput_baselines",

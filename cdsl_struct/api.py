@@ -38,7 +38,8 @@ from .decoding.loops import WordLoopGuard
 from .decoding.stops import StopHoldback
 from .errors import InvalidArgument, PromptTooLong
 from .keywords import Keywords, named_prompt
-from .models.compiled import compile_for, compile_mode
+from .models.background_compile import BackgroundCompile, CompileState, compile_in_background
+from .models.compiled import compile_mode
 from .models.loading import LoadedModel, load_model
 from .models.runner import ModelRunner, self_draft
 from .models.self_check import batch_runner
@@ -171,8 +172,8 @@ class Generator:
                                                max_rows=max_batch_size if max_batch_size > 64 else None),
                                   max_batch_size=max_batch_size,
                                   kv_budget_bytes=None if kv_budget_gb is None else kv_budget_gb * 2**30)
-        if compile_mode(torch_compile) != "off":
-            on_own_thread(lambda: compile_for(self.engine.runner, torch_compile))
+        self.compiling: BackgroundCompile | None = on_own_thread(
+            lambda: compile_in_background(self.engine.runner, torch_compile))
         self.engine.start()
 
     def __repr__(self) -> str:
@@ -185,10 +186,26 @@ class Generator:
         return self.loaded.device
 
     def close(self) -> None:
-        """Stop the engine's threads. Every request still in it ends, so no caller waits forever: a
-        running one with its partial output (``finish_reason="cancelled"``), a waiting one with
-        ``RequestCancelled``."""
+        """Stop the engine's threads (and a compile under way). Every request still in it ends, so no
+        caller waits forever: a running one with its partial output (``finish_reason="cancelled"``), a
+        waiting one with ``RequestCancelled``."""
+        if self.compiling is not None:
+            self.compiling.stop()
         self.engine.close()
+
+    def compile_state(self) -> CompileState | None:
+        """Where ``torch_compile``'s compiled forward stands (``loading``, ``compiling``, ``ready``,
+        ``failed`` with its reason, ``stopped``); None where none is built (``"off"``, or eager by
+        ``"auto"``'s choice)."""
+        return None if self.compiling is None else self.compiling.state
+
+    def wait_compiled(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds (None: no limit) for ``torch_compile``'s compiled forward;
+        whether steps now run through it. Requests need not wait: until then they run eagerly."""
+        if self.compiling is None:
+            runner = self.engine.runner
+            return getattr(runner, "compiled", None) is not None and runner.compiled.active
+        return self.compiling.wait(timeout)
 
     @property
     def max_batch_size(self) -> int:

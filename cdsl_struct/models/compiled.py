@@ -43,6 +43,8 @@ import logging
 import os
 import sysconfig
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -181,6 +183,21 @@ def _passed_on(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.
     return hidden_states
 
 
+@contextmanager
+def routed_blocks(blocks: list[tuple[Any, ...]], layers: list[Any], function: Any) -> Iterator[None]:
+    """While open, each block's first layer runs ``function(block, hidden_states, ...)`` for the whole
+    block and the block's other layers pass their input on; the layers' own forwards after."""
+    try:
+        for block in blocks:
+            block[0].__dict__["forward"] = partial(function, block)
+            for layer in block[1:]:
+                layer.__dict__["forward"] = _passed_on
+        yield
+    finally:
+        for layer in layers:
+            layer.__dict__.pop("forward", None)
+
+
 def decoder_layers(model: Any) -> list[Any]:
     """The repeated decoder blocks of a transformers causal LM (``get_decoder().layers``)."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
@@ -255,20 +272,17 @@ class CompiledForward:
         import torch._inductor.config as inductor_config
 
         try:
-            for block in self.blocks:
-                block[0].__dict__["forward"] = partial(self.function, block)
-                for layer in block[1:]:
-                    layer.__dict__["forward"] = _passed_on
-            if self.sealed:
-                _step.ran_eagerly = False
-                out = self.model(**inputs)
-                if _step.ran_eagerly:
-                    shape = (int(inputs["input_ids"].shape[-1]), _kept(inputs.get("logits_to_keep")))
-                    self.misses[shape] = self.misses.get(shape, 0) + 1
-                    return out
-            else:  # floats stay constants: a float made symbolic restarts the trace, then is specialised
-                with inductor_config.patch(self.config), dynamo_config.patch(specialize_float=True):
+            with routed_blocks(self.blocks, self.layers, self.function):
+                if self.sealed:
+                    _step.ran_eagerly = False
                     out = self.model(**inputs)
+                    if _step.ran_eagerly:
+                        shape = (int(inputs["input_ids"].shape[-1]), _kept(inputs.get("logits_to_keep")))
+                        self.misses[shape] = self.misses.get(shape, 0) + 1
+                        return out
+                else:  # floats stay constants: a float made symbolic restarts the trace, then is specialised
+                    with inductor_config.patch(self.config), dynamo_config.patch(specialize_float=True):
+                        out = self.model(**inputs)
             self.steps += 1
             return out
         except Exception as exc:  # noqa: BLE001 - any compiler or kernel error: the eager path answers
@@ -276,9 +290,6 @@ class CompiledForward:
             log.warning("torch.compile'd forward failed (%s: %s); running eagerly from now on",
                         type(exc).__name__, exc)
             return None
-        finally:
-            for layer in self.layers:
-                layer.__dict__.pop("forward", None)
 
 
 def _kept(logits_to_keep: Any) -> int:

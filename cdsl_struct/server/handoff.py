@@ -15,7 +15,8 @@ while a thread compiled, 2-core CPU), and it is not safe there: torch.fx's traci
 ``torch.nn.Module.__call__`` for every thread while it runs, so an eager step on the engine's thread
 was traced into the compiler's graph and failed (``NameError: module is not installed as a
 submodule``), and ``torch.compiler.is_compiling()`` turns true process-wide. The child runs at a lower
-CPU priority (``CHILD_NICENESS``), so its minutes of compiling take the cores the server leaves idle.
+CPU priority (``models.background_compile.CHILD_NICENESS``), so its minutes of compiling take the cores
+the server leaves idle.
 
 If the child fails (a compile error, a failed check, an exit), this process goes on serving eagerly and
 says why in the log, ``/health`` and ``/metrics``; a request a dead child drops mid-answer gets 502.
@@ -37,10 +38,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..models.background_compile import lower_priority
+
 log = logging.getLogger(__name__)
 
-CHILD_NICENESS = 19
-"""How much lower the compiling child's CPU priority is than the server's (``os.nice``)."""
 READY_POLL_S = 0.5
 PROXIED_PATHS = ("/v1/chat/completions", "/v1/completions")
 #: request headers not passed on to the child: hop-by-hop ones, and the credentials this process checked
@@ -103,7 +104,7 @@ class CompiledHandoff:
                 return
             spec = json.dumps({"socket": str(self.socket), "options": self.options})
             self.process = subprocess.Popen([*self.command, spec], stdout=subprocess.PIPE, stderr=None, text=True,
-                                            preexec_fn=_lower_priority if os.name == "posix" else None)
+                                            preexec_fn=lower_priority if os.name == "posix" else None)
         threading.Thread(target=self._follow, name="cdsl-compiled-child", daemon=True).start()
 
     def _follow(self) -> None:
@@ -258,19 +259,6 @@ class CompiledHandoff:
     async def aclose(self) -> None:
         if self._client is not None:
             await self._client.aclose()
-
-
-def _lower_priority() -> None:
-    """In the child before it runs: a lower CPU priority, and (Linux) a SIGTERM when this process dies."""
-    os.nice(CHILD_NICENESS)
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
-        try:
-            ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
 
 
 async def _disconnected(receive: Any) -> None:
