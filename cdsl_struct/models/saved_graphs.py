@@ -14,9 +14,9 @@ graph serves every block of its kind and any weights of the model's architecture
 compiles them can build the model from its config with random weights. The linear layers are traced
 as plain matmuls: oneDNN's prepacked weights cannot be serialised (their layout has no meta form).
 
-Guards are dropped but for the portable ones (no tensor, module or identity guards: ``no_tensor_guards``),
-so a loaded graph checks little of its inputs; ``SavedForward`` checks what it was compiled for itself
-(the hidden states' dtype, rank and device, one token or many) and runs any other block eagerly.
+Guards are dropped but the token dimension's shape guards (``no_tensor_guards``), so a loaded graph
+checks little of its inputs; ``SavedForward`` checks what it was compiled for itself (the hidden
+states' dtype, rank and device, one token or many, no autograd) and runs any other block eagerly.
 
 On disk (``cache_dir("compiled")``): a folder per ``graphs_key`` (the model's class and config, the
 dtype, the versions of torch, transformers and this library, the CPU's instruction set, and the source
@@ -96,14 +96,20 @@ def graphs_folder(model: Any, root: Path | None = None) -> Path:
     return Path(root) / f"graphs-{graphs_key(model)}"
 
 
-def no_tensor_guards(entries: list[Any]) -> list[bool]:
-    """Dynamo's guard filter for a saved graph: the portable guards only, and of those no tensor guard.
+#: guards a saved graph drops though they are portable: a tensor guard pins the dispatch keys its input
+#: was traced with (inference mode or not, autograd or not), which a loaded graph's caller does not
+#: match; the global state guard pins torch's thread count, which the engine's ``ThreadGovernor``
+#: changes between steps (the kernels are built for one thread each, so the count changes nothing
+#: in them), and its grad mode, which ``SavedForward`` checks itself
+_DROPPED_GUARDS = ("TENSOR_MATCH", "GLOBAL_STATE")
 
-    A tensor guard pins the dispatch keys its input was traced with (inference mode or not, autograd
-    or not), which a loaded graph's caller does not match, and the identity guards on modules cannot
-    be saved at all; ``SavedForward`` checks dtype, rank and device itself."""
+
+def no_tensor_guards(entries: list[Any]) -> list[bool]:
+    """Dynamo's guard filter for a saved graph: the portable guards only (the identity guards on modules
+    cannot be saved at all), less ``_DROPPED_GUARDS``: what is left is the shape guards of the token
+    dimension. ``SavedForward`` checks dtype, rank, device and grad mode itself."""
     kept = torch.compiler.keep_portable_guards_unsafe(entries)
-    return [keep and entry.guard_type != "TENSOR_MATCH" for keep, entry in zip(kept, entries, strict=True)]
+    return [keep and entry.guard_type not in _DROPPED_GUARDS for keep, entry in zip(kept, entries, strict=True)]
 
 
 def _size(hidden_states: torch.Tensor) -> str:
@@ -143,7 +149,7 @@ class SavedForward:
     def _run_block(self, block: tuple[Any, ...], hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         graph = self.graphs.get((block_kind(block), _size(hidden_states)))
         if graph is None or hidden_states.dtype != self.dtype or hidden_states.dim() != 3 \
-                or hidden_states.shape[0] != 1 or hidden_states.device.type != "cpu":
+                or hidden_states.shape[0] != 1 or hidden_states.device.type != "cpu" or torch.is_grad_enabled():
             shape = (int(hidden_states.shape[-2]), 0)
             self.misses[shape] = self.misses.get(shape, 0) + 1
             return run_layers(block, hidden_states, *args, **kwargs)

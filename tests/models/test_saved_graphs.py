@@ -51,6 +51,21 @@ def test_loaded_graphs_run_the_steps_as_solo_runs(model, saved_folder):
     assert saved.steps == 5 and saved.active and not saved.misses
 
 
+def test_the_graphs_run_at_any_thread_count(model, saved_folder):
+    saved = load_graphs(model, saved_folder)
+    runner = RaggedRunner(model, prefix_cache_bytes=0)
+    runner.compiled = saved
+    before, sequence = torch.get_num_threads(), [5, 4, 3, 2, 1]
+    try:
+        for threads in (1, 3):  # the engine's ThreadGovernor changes the count between steps
+            torch.set_num_threads(threads)
+            sequence = sequence + [threads]
+            assert close(runner.run([Feed("a", sequence, 1)])[0], solo(model, sequence))
+    finally:
+        torch.set_num_threads(before)
+    assert saved.active and saved.steps == 2
+
+
 def test_one_set_of_graphs_serves_other_weights_of_the_architecture(saved_folder):
     other = tiny_llama()
     torch.manual_seed(11)
