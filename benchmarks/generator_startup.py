@@ -1,15 +1,16 @@
 """``python -m benchmarks generator-startup``: how soon ``Generator(torch_compile=...)`` answers, and how fast later.
 
-Each ``--start`` runs in a fresh process, one after another, all sharing one cache folder for the run
-(``CDSL_STRUCT_CACHE`` and ``TORCHINDUCTOR_CACHE_DIR``, empty at the first start unless ``--cache``
-names one): a start named twice finds what the first left. A start makes the Generator (the model
-loaded, draft off), then asks one strict json_schema request at a time (invent a person: name, age,
-city; 60 tokens, greedy) until ``--after-compiled`` were answered compiled, or ``--requests`` in all
-for a start that does not compile. Modes: ``off`` (eager), ``on`` (eager at once, the saved graphs
-swapped in once a second process compiled them or a first load read them), ``in-process`` (the
-forward compiled in this process before the first request: what ``Generator`` did before the saved
-graphs). Reported per start: seconds to the Generator, to the first answer, to the compiled forward,
-the eager requests' median and slowest, and the compiled ones' median.
+Each ``--start`` runs in a fresh process, one after another, all sharing one cache folder for the
+run (``CDSL_STRUCT_CACHE`` and ``TORCHINDUCTOR_CACHE_DIR``; unless ``--cache`` names one, it is empty
+at the first start but for the prepared models): a start named twice finds what the first left.
+A start makes the Generator (the model loaded, draft off), then asks one strict json_schema request
+at a time (invent a person: name, age, city; 60 tokens, greedy) until ``--after-compiled`` were
+answered compiled, or ``--requests`` in all for a start that does not compile. Modes: ``off``
+(eager), ``on`` (eager at once, the saved graphs swapped in once a second process compiled them or
+a first load read them), ``in-process`` (the forward compiled in this process before the first
+request: what ``Generator`` did before the saved graphs). Reported per start: seconds to the
+Generator, to the first answer, to the compiled forward, the eager requests' median and slowest,
+and the compiled ones' median.
 """
 
 from __future__ import annotations
@@ -106,8 +107,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", dest="json_out", default=None, help="write the report as JSON here")
 
 
+def _new_cache() -> str:
+    """An empty cache folder for a run, but for the prepared models and tokenizers of the user's own
+    (linked: preparing a GGUF again would time a download's work, not a start's)."""
+    from cdsl_struct.paths import cache_dir
+
+    cache = tempfile.mkdtemp(prefix="cdsl-generator-startup-")
+    for name in ("models", "tokenizers"):
+        if (cache_dir() / name).exists():
+            os.symlink(cache_dir() / name, os.path.join(cache, name))
+    return cache
+
+
 def run(args: argparse.Namespace) -> int:
-    cache = args.cache or tempfile.mkdtemp(prefix="cdsl-generator-startup-")
+    cache = args.cache or _new_cache()
     env = {**os.environ, "CDSL_STRUCT_CACHE": cache, "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, "inductor")}
     starts = []
     for mode in args.start or ["on", "on", "in-process", "off"]:

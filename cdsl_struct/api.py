@@ -126,14 +126,16 @@ class Generator:
     steered out of the cycle instead of running to ``max_tokens`` (``decoding.loops``; target
     and speculative rows; CDLH and CDSL rows never write a block of tokens, or of words whatever
     their case and punctuation, a third time in a row; it never loosens a constraint).
-    ``torch_compile``: the batched target forward runs through ``torch.compile`` (``models.compiled``),
-    compiled here before the Generator returns (~1 min for SmolLM2 on two AVX2 cores the first time,
-    ~13 s once inductor's caches hold its graphs; a compile cannot run beside decoding in one process,
-    so ``serve`` does it in a second one: ``server.handoff``), then sealed: no later call compiles.
-    False / ``"off"`` (the default here, for a quick start), True / ``"on"`` (where it cannot
-    compile, a warning is logged and decoding runs eagerly) or ``"auto"`` (compile on the CPU where
-    inductor finds a C++ compiler, else eager). On a 2-core CPU its steps are 1.1-1.26x faster and the server one
-    request at a time 1.2x (BENCHMARKS.md). ``tool_format``: how tool calls are written, ``"auto"``
+    ``torch_compile``: the batched target forward's decoder layers run through graphs compiled ahead of
+    time (``models.saved_graphs``). The Generator returns at once and answers eagerly; a second
+    process compiles the graphs and saves them under the user cache (a compile cannot run beside
+    decoding in one process), and they are loaded and swapped in between steps
+    (``models.background_compile``). A later process on the machine loads the saved graphs in
+    seconds. ``compile_state()`` says where it stands, ``wait_compiled()`` waits for it.
+    False / ``"off"`` (the default here), True / ``"on"`` (where it cannot compile, a warning is
+    logged and decoding stays eager) or ``"auto"`` (compile on the CPU where inductor finds a C++
+    compiler, else eager). Start-up and speed on a 2-core CPU: BENCHMARKS.md ("Generator start-up").
+    ``tool_format``: how tool calls are written, ``"auto"``
     (the format of the model's chat template: ``tools.formats.detect_format``) or a name in
     ``tools.formats.FORMATS`` (``hermes``, ``llama3``, ``mistral``, ``gemma``, ``deepseek``, ``generic``).
     """

@@ -89,6 +89,7 @@ class BackgroundCompile:
     def _run(self) -> None:
         from .saved_graphs import graphs_folder, load_graphs
 
+        _lower_this_threads_priority()
         try:
             if self.folder is None:
                 self.folder = graphs_folder(self.runner.model)
@@ -159,6 +160,17 @@ def compile_in_background(runner: Any, mode: bool | str | None) -> BackgroundCom
         compile_runner(runner)
         return None
     return BackgroundCompile(runner).start()
+
+
+def _lower_this_threads_priority() -> None:
+    """Run this thread, and the processes it starts (inductor builds the kernels of loaded graphs that its
+    cache lacks: seconds of a C++ compiler each), at the child's low priority; Linux only, where a
+    thread has a priority of its own."""
+    if sys.platform.startswith("linux"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), CHILD_NICENESS)
+        except OSError:
+            pass
 
 
 def lower_priority() -> None:

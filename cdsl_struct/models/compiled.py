@@ -1,5 +1,7 @@
 """A ``RaggedRunner``'s forward through ``torch.compile``: ``serve``'s default (``"auto"``: on the CPU
-where inductor finds a C++ compiler), opt-in for ``Generator(torch_compile=...)``.
+where inductor finds a C++ compiler), compiled in its second process (``server.handoff``).
+``Generator(torch_compile=...)`` runs the same blocks from graphs compiled ahead of time in another
+process and saved (``saved_graphs``, ``background_compile``).
 
 Eager, a single-row decode step of SmolLM2 on two CPU cores is ~28 ms, and only about half of it
 is the linear layers: ~1200 small ops (norms, rotary, activations, residual adds) and the Python
@@ -30,8 +32,9 @@ and seals the forward: a step no graph fits runs eagerly rather than compiling o
 layers' modules are dropped but their tensors' (``module_guards_dropped``).
 Compiling must not run beside the engine's steps in one process (torch.fx patches
 ``nn.Module.__call__`` for every thread while it traces, and the compiler holds the GIL for
-seconds), so ``serve`` compiles in a second process (``server.handoff``) and ``Generator`` before
-it returns. Any failure to compile or run compiled logs a warning once and the runner goes on
+seconds), so ``serve`` compiles in a second process (``server.handoff``), and ``Generator`` loads
+graphs a second process compiled (``background_compile``).
+Any failure to compile or run compiled logs a warning once and the runner goes on
 eagerly: the step is run again eagerly (it rewrites the same cache positions), so no request sees it.
 """
 
