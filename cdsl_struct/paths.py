@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from importlib import metadata
 from pathlib import Path
 
 import platformdirs
@@ -17,3 +18,12 @@ def cache_dir(*parts: str) -> Path:
     path = Path(root, *parts)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def installed_version(distribution: str) -> str:
+    """The installed version of ``distribution`` (``"unknown"`` where it is not installed): part of the
+    keys of what is cached on disk."""
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "unknown"

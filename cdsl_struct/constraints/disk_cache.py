@@ -23,24 +23,16 @@ import logging
 import os
 import pickle
 import tempfile
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ..paths import cache_dir
+from ..paths import cache_dir, installed_version
 
 log = logging.getLogger(__name__)
 
 FOLDER_ENV = "CDSL_STRUCT_PROGRAM_CACHE"
 """The cache's folder; ``off`` (or ``0``) keeps programs in memory only."""
 MAGIC = b"cdsl-struct-program\n"
-
-
-def _version(distribution: str) -> str:
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 class ProgramCache:
@@ -61,7 +53,7 @@ class ProgramCache:
         setting = os.environ.get(FOLDER_ENV, "")
         folder = None if setting.lower() in ("off", "0", "false") else \
             (Path(setting) if setting else cache_dir("programs"))
-        return cls(folder, {"cdsl_struct": _version("cdsl_struct"), engine: _version(engine)})
+        return cls(folder, {"cdsl_struct": installed_version("cdsl_struct"), engine: installed_version(engine)})
 
     def key(self, *parts: str) -> str:
         """The entry name for a program compiled from ``parts`` under this cache's versions."""

@@ -71,7 +71,7 @@ def graphs_key(model: Any) -> str:
     kernels were built for, and the source of the code the graphs trace."""
     import transformers
 
-    from .. import __version__
+    from ..paths import installed_version
 
     config = model.config.to_dict()
     for name in [k for k in config if k.startswith("_attn_implementation")]:
@@ -81,7 +81,7 @@ def graphs_key(model: Any) -> str:
     described = json.dumps({
         "format": FORMAT, "class": f"{type(model).__module__}.{type(model).__qualname__}",
         "config": config, "dtype": str(next(model.parameters()).dtype), "torch": torch.__version__,
-        "transformers": transformers.__version__, "cdsl_struct": __version__,
+        "transformers": transformers.__version__, "cdsl_struct": installed_version("cdsl_struct"),
         "cpu": torch.backends.cpu.get_cpu_capability(), "layers_per_graph": LAYERS_PER_GRAPH,
         "inductor": sorted(k for k in inductor_config()), "sources": sources}, sort_keys=True, default=str)
     return hashlib.sha256(described.encode()).hexdigest()[:24]
@@ -123,9 +123,6 @@ class SavedForward:
     the saved path failed (now or before), and the caller runs the step eagerly (it rewrites the same
     cache positions); ``failure`` holds the first error, ``steps`` counts steps run through the graphs.
     A block whose inputs the graphs were not compiled for runs eagerly and counts in ``misses``."""
-
-    sealed = True
-    """It never compiles (``CompiledForward``'s flag)."""
 
     def __init__(self, model: Any, graphs: dict[tuple[str, str], Any], dtype: torch.dtype,
                  load_seconds: float = 0.0) -> None:
@@ -229,9 +226,6 @@ def load_graphs(model: Any, folder: Path | None = None) -> SavedForward | None:
 class _Capture:
     """A forward for ragged steps that runs eagerly and keeps, for each (block kind, size), the first
     call's block, inputs and ragged step (what ``aot_compile`` traces with)."""
-
-    sealed = False
-    active = True
 
     def __init__(self, model: Any) -> None:
         self.model = model
