@@ -160,14 +160,23 @@ def _on_module(source: Any) -> bool:
 LAYERS_PER_GRAPH = 6
 
 
+def attention_type(layer: Any) -> str | None:
+    """A decoder layer's attention type (``"sliding_attention"``, ``"full_attention"``), where its model
+    mixes them: the layer's ``attention_type`` (Qwen, Mistral), else its attention module's
+    ``layer_type`` (Gemma 3 keeps it there and hands each layer its type's mask and rotary embedding)."""
+    kind = getattr(layer, "attention_type", None)
+    return kind if kind is not None else getattr(getattr(layer, "self_attn", None), "layer_type", None)
+
+
 def layer_blocks(layers: list[Any], size: int = LAYERS_PER_GRAPH) -> list[tuple[Any, ...]]:
     """``layers`` in runs of at most ``size`` consecutive layers of one class and one attention type
-    (a model mixing sliding and full attention hands its layers different masks)."""
+    (``attention_type``: a model mixing sliding and full attention hands its layers different masks and
+    rotary embeddings, and a block's layers all get its first layer's)."""
     blocks: list[list[Any]] = []
     for layer in layers:
-        kind = (type(layer), getattr(layer, "attention_type", None))
+        kind = (type(layer), attention_type(layer))
         last = blocks[-1] if blocks else None
-        if last is None or len(last) == size or (type(last[0]), getattr(last[0], "attention_type", None)) != kind:
+        if last is None or len(last) == size or (type(last[0]), attention_type(last[0])) != kind:
             blocks.append([layer])
         else:
             last.append(layer)

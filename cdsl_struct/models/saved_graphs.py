@@ -40,7 +40,15 @@ from typing import Any
 import torch
 
 from .attention import ragged_step as _step
-from .compiled import LAYERS_PER_GRAPH, decoder_layers, inductor_config, layer_blocks, routed_blocks, run_layers
+from .compiled import (
+    LAYERS_PER_GRAPH,
+    attention_type,
+    decoder_layers,
+    inductor_config,
+    layer_blocks,
+    routed_blocks,
+    run_layers,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +65,7 @@ _TRACED_SOURCES = ("compiled.py", "attention.py", "ragged_attention.py", "ragged
 def block_kind(block: tuple[Any, ...]) -> str:
     """The name of a block's kind: its layers' class, attention type and count (one graph set a kind)."""
     first = block[0]
-    return f"{type(first).__name__}-{getattr(first, 'attention_type', None) or 'full'}-{len(block)}"
+    return f"{type(first).__name__}-{attention_type(first) or 'full_attention'}-{len(block)}"
 
 
 def _kinds(model: Any) -> list[str]:

@@ -94,6 +94,17 @@ def test_layers_run_in_blocks_of_one_class_and_attention_type():
     assert sum(layer_blocks(layers, 6), ()) == tuple(layers)
 
 
+def test_gemma3_layers_run_in_blocks_of_their_attention_type():
+    import transformers
+
+    config = transformers.Gemma3TextConfig(vocab_size=60, hidden_size=32, intermediate_size=64, num_hidden_layers=5,
+                                           num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                           sliding_window=64, layer_types=["sliding_attention"] * 2
+                                           + ["full_attention"] + ["sliding_attention"] * 2)
+    layers = list(transformers.Gemma3ForCausalLM(config).model.layers)  # the type is on their attention modules
+    assert [len(block) for block in layer_blocks(layers, 6)] == [2, 1, 2]
+
+
 def test_one_graph_serves_every_block_of_layers():
     """A block of one layer: the first step compiles a graph for the first layer and every other layer
     runs it (their weights and numbers are its inputs); each layer still runs its own weights."""

@@ -123,7 +123,7 @@ def _copy(folder, to):
 
 
 def test_a_folder_of_another_key_or_format_or_a_torn_file_is_ignored(model, saved_folder, tmp_path):
-    kinds = ["LlamaDecoderLayer-full-2"]
+    kinds = ["LlamaDecoderLayer-full_attention-2"]
     key = saved_folder.name.removeprefix("graphs-")
     assert check_folder(saved_folder, key, kinds) is not None
     assert check_folder(saved_folder, "another-key", kinds) is None  # another version's key
