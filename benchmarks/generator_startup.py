@@ -37,13 +37,12 @@ def one_start(mode: str, model: str, after_compiled: int, requests: int, minutes
     """Time one start in this process (see the module's docstring)."""
     started = time.monotonic()
     from cdsl_struct import Generator
-    from cdsl_struct.models.compiled import compile_runner
 
     generator = Generator(model, draft=None, torch_compile="on" if mode == "on" else "off")
     made = time.monotonic() - started
     runner = generator.engine.runner
     if mode == "in-process":
-        compile_runner(runner)
+        runner.compile()  # compiled and warmed here, as the Generator did before
     rows: list[dict[str, Any]] = []
     try:
         while time.monotonic() - started < minutes * 60:
