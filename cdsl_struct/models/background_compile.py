@@ -159,7 +159,26 @@ def compile_in_background(runner: Any, mode: bool | str | None) -> BackgroundCom
     if not getattr(runner, "ragged", False) or torch.device(runner.device).type != "cpu":
         compile_runner(runner)
         return None
+    prepare_loading()
     return BackgroundCompile(runner).start()
+
+
+def prepare_loading() -> None:
+    """Import what loading saved graphs imports, and probe the CPU's vector instruction sets (a few runs
+    of the C++ compiler; torch keeps the answer), now, before the Generator answers anything. Done by
+    the loading thread beside the first requests, they held the GIL ~2 s of a ~3.8 s load, and the
+    eager steps meanwhile ran ~4x slower; done here they add ~2 s to the Generator's start."""
+    try:
+        import torch._dynamo.aot_compile  # noqa: F401
+        import torch._functorch._aot_autograd.aot_autograd_result  # noqa: F401
+        import torch._inductor.codecache  # noqa: F401
+        import torch._inductor.lowering  # noqa: F401
+        import torch._inductor.select_algorithm  # noqa: F401
+        from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+        pick_vec_isa()
+    except Exception as exc:  # noqa: BLE001 - another torch's layout: the load imports what it needs itself
+        log.debug("torch_compile: could not prepare the loading (%s: %s)", type(exc).__name__, exc)
 
 
 def _lower_this_threads_priority() -> None:
