@@ -127,7 +127,8 @@ class Generator:
     and speculative rows; CDLH and CDSL rows never write a block of tokens, or of words whatever
     their case and punctuation, a third time in a row; it never loosens a constraint).
     ``torch_compile``: the batched target forward's decoder layers run through graphs compiled ahead of
-    time (``models.saved_graphs``). The Generator returns at once and answers eagerly; a second
+    time (``models.saved_graphs``). The Generator returns once the model is loaded (and ~2 s of
+    ``background_compile.prepare_loading``) and answers eagerly; a second
     process compiles the graphs and saves them under the user cache (a compile cannot run beside
     decoding in one process), and they are loaded and swapped in between steps
     (``models.background_compile``). A later process on the machine loads the saved graphs in
