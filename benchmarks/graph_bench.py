@@ -137,10 +137,12 @@ def run(args: argparse.Namespace) -> int:
         "mix_no_drafts": (jobs, {"drafts": "none"}, args.rows),
         "mix_lookup_all": (jobs, {"drafts": "all"}, args.rows),
     }
-    for name, (chosen, options, rows) in runs.items():
+    # the same runs with every step waiting for the read of the one before (no step launched ahead)
+    in_turn = {f"{name}_in_turn": runs[name] for name in ("mix_free", "mix_no_drafts", "one_row_free")}
+    for name, (chosen, options, rows) in {**runs, **in_turn}.items():
         outcome = section(name, lambda chosen=chosen, options=options, rows=rows, name=name: _engine(
             runner, requests(chosen, **options), rows, [j[0] for j in chosen], check=not options.get("as_free"),
-            profile=name in args.profile.split(",")))
+            profile=name in args.profile.split(","), run_ahead=False if name.endswith("_in_turn") else None))
         if outcome is not None:
             summary["engine"][name] = outcome
             _say(args, f"{name}: {outcome}")
@@ -162,13 +164,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _engine(runner: Any, made: list[Request], rows: int, items: list[Any] | None = None,
-            check: bool = True, profile: bool = False) -> dict[str, Any]:
+            check: bool = True, profile: bool = False, run_ahead: bool | None = None) -> dict[str, Any]:
     """``made`` through a fresh engine of ``rows`` rows on ``runner`` (its prefix cache emptied
-    first); with ``profile``, cProfile's top functions of the engine's thread under ``profile``."""
+    first); with ``profile``, cProfile's top functions of the engine's thread under ``profile``;
+    ``run_ahead``: the engine's (None: its default)."""
     if runner.prefixes is not None:
         runner.prefixes.clear()
     replays, eager = getattr(runner, "replays", 0), getattr(runner, "eager_steps", 0)
-    engine = BatchEngine(runner, max_batch_size=rows)
+    engine = BatchEngine(runner, max_batch_size=rows, run_ahead=run_ahead)
     profiler = cProfile.Profile() if profile else None
     try:
         if profiler is not None:
@@ -186,6 +189,7 @@ def _engine(runner: Any, made: list[Request], rows: int, items: list[Any] | None
            "tokens_per_s": round(tokens / wall, 1), "steps": engine.stats.steps,
            "step_ms": round(1000 * wall / max(engine.stats.steps, 1), 2),
            "mean_rows": round(engine.stats.rows_stepped / max(engine.stats.steps, 1), 1),
+           "ahead_steps": engine.ahead_steps,
            "replays": getattr(runner, "replays", 0) - replays, "eager_steps": getattr(runner, "eager_steps", 0) - eager,
            "phases_ms_per_step": {k: round(1000 * v / max(engine.stats.steps, 1), 2)
                                   for k, v in engine.stats.phase_seconds.items()}}
@@ -365,6 +369,9 @@ def _ratios(summary: dict[str, Any]) -> dict[str, Any]:
         if rate("mix_no_drafts") else None,
         "graph_vs_ragged_same_requests": round(rate("graph_mix_served_same") / rate("ragged_mix_served"), 2)
         if rate("ragged_mix_served") else None}
+    for name in ("mix_free", "mix_no_drafts", "one_row_free"):  # steps launched ahead vs each in turn
+        if rate(f"{name}_in_turn"):
+            ratios[f"{name}_ahead_vs_in_turn"] = round(rate(name) / rate(f"{name}_in_turn"), 3)
     hf = summary.get("hf_static")
     if hf:
         ratios["our_free_vs_hf_static_free"] = round(rate("mix_free") / hf["free"]["tokens_per_s"], 3)
@@ -377,12 +384,12 @@ def _table(summary: dict[str, Any]) -> str:
     lines = [f"start: {summary['start']}"]
     if "replay_check" in summary:
         lines.append(f"replay check: {summary['replay_check']}")
-    lines += ["| run | requests | tokens | tok/s | steps | ms/step | rows/step | replays | eager | valid |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["| run | requests | tokens | tok/s | steps | ms/step | rows/step | replays | eager | ahead | valid |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, run in summary["engine"].items():
         lines.append(f"| {name} | {run['requests']} | {run['tokens']} | {run['tokens_per_s']} | {run['steps']} | "
                      f"{run['step_ms']} | {run['mean_rows']} | {run['replays']} | {run['eager_steps']} | "
-                     f"{run.get('valid', '-')} |")
+                     f"{run.get('ahead_steps', '-')} | {run.get('valid', '-')} |")
     if "hf_static" in summary:
         lines.append(f"transformers static compiled generate: {summary['hf_static']}")
     lines.append(f"ratios: {summary['ratios']}")

@@ -32,8 +32,8 @@ class HostReads(TorchFunctionMode):
         self._device: dict[int, weakref.ref[torch.Tensor]] = {}  # by id: tensors compare elementwise
 
     def follow(self, runner: Any) -> Callable[[], None]:
-        """Mark what ``runner.run`` returns (and its ``last_flat``) from now on; returns the function
-        that stops it."""
+        """Mark what ``runner.run`` returns (and its ``last_flat``), and what its ``run_ahead`` returns,
+        from now on; returns the function that stops it."""
         run = runner.run
 
         def marked(*args: Any, **kwargs: Any) -> Any:
@@ -42,7 +42,17 @@ class HostReads(TorchFunctionMode):
             return out
 
         runner.run = marked
-        return lambda: delattr(runner, "run")
+        ahead = getattr(runner, "run_ahead", None)
+        if ahead is None:
+            return lambda: delattr(runner, "run")
+
+        def marked_ahead(*args: Any, **kwargs: Any) -> Any:
+            out = ahead(*args, **kwargs)
+            self._mark(out)  # a launched step's logits: the next step's device tensors
+            return out
+
+        runner.run_ahead = marked_ahead
+        return lambda: (delattr(runner, "run"), delattr(runner, "run_ahead"))
 
     def _mark(self, value: Any) -> None:
         for leaf in tree_flatten(value)[0]:

@@ -26,6 +26,7 @@ or callback), its cancellation or its token budget ends that row only.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import warnings
@@ -43,6 +44,7 @@ from ..models.batch import BatchRunner, Feed, padded_reserve
 from ..models.ragged import RaggedRunner
 from ..models.runner import ModelRunner
 from ..result import DecodeStats, Result
+from .ahead import Ahead, ahead_allowed, launch_ahead
 from .budget import BudgetCloser
 from .engine_stats import PHASES, EngineLoad, EngineStats
 from .logprobs import token_logprobs
@@ -86,13 +88,18 @@ class BatchEngine:
     ``adaptive_threads``: on a CPU, give each forward the torch thread count measured cheapest now
     (``ThreadGovernor``: one thread or all, so that a neighbour taking a core does not stall the
     whole thread team); False leaves torch's setting alone.
+    ``run_ahead``: launch a step of plain decode rows before reading the tokens of the step before
+    it, from those tokens on the device (``decoding.ahead``), so that the host's work of a step
+    runs while the device runs the next; None: ``default_run_ahead`` (where the runner replays
+    CUDA graphs).
     ``start()`` runs the step loop on a background thread, so that requests submitted from
     many threads share steps (what ``Generator`` and the server use).
     """
 
     def __init__(self, runner: BatchRunner | RaggedRunner, *, max_batch_size: int = 32,
                  kv_budget_bytes: float | None = None, mask_workers: int = 2, adaptive_width: bool = True,
-                 prefill_budget: int | None | str = "auto", adaptive_threads: bool = True) -> None:
+                 prefill_budget: int | None | str = "auto", adaptive_threads: bool = True,
+                 run_ahead: bool | None = None) -> None:
         self.runner = runner
         self.width = StepWidth(padded=not getattr(runner, "ragged", False)) if adaptive_width else None
         self.threads = ThreadGovernor() if adaptive_threads and runner.device.type == "cpu" else None
@@ -103,6 +110,11 @@ class BatchEngine:
                                    self._prefill_cost, getattr(runner, "reserved_positions", padded_reserve))
         self.stats = EngineStats()
         self.programs = Programs(runner, lambda row, error: self._end(row, error=error))
+        if run_ahead is None:
+            run_ahead = default_run_ahead(runner)
+        self.run_ahead = run_ahead and hasattr(runner, "run_ahead")
+        self._ahead: Ahead | None = None  # the step launched before the last read, taken by the next step
+        self.ahead_steps = 0
         self._bitmask: torch.Tensor | None = None  # [rows x positions, words], reused every step
         self._mask_workers = mask_workers
         self._pool = ThreadPoolExecutor(mask_workers, thread_name_prefix="cdsl-mask") if mask_workers else None
@@ -209,6 +221,7 @@ class BatchEngine:
         with self._lock:
             self._closed = True
         self.stop()
+        self._ahead = None
         with self._lock:
             waiting, self.scheduler.waiting = list(self.scheduler.waiting), deque()
             running = list(self.scheduler.running)
@@ -260,7 +273,11 @@ class BatchEngine:
         """Admit what fits, then one propose / forward / verify round over the running rows."""
         phases = self.stats.phase_seconds
         started = time.perf_counter()
-        self._admit()
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and not ahead.covers(self.scheduler.running):  # cannot happen; then fed anew
+            ahead = None
+        if ahead is None:  # a launched step admits nobody: its rows are fed already
+            self._admit()
         admitted = time.perf_counter()
         phases["schedule"] += admitted - started
         rows: list[tuple[Row, Proposal]] = []
@@ -272,7 +289,9 @@ class BatchEngine:
                 continue
             request = row.request
             try:
-                if request.strategy is None:
+                if ahead is not None:  # fed one token already: nothing to propose, only its mask
+                    rows.append((row, propose(row.session, (), 0, request.max_tokens)))
+                elif request.strategy is None:
                     rows.append((row, propose(row.session, request.proposers, request.k, request.max_tokens)))
                 elif row.program is not None or (done := self.programs.begin(row)) is None:
                     steered.append(row)
@@ -282,7 +301,11 @@ class BatchEngine:
                 self._end(row, error=exc)
         ended += self.programs.run_drafts(steered)
         phases["propose"] += time.perf_counter() - admitted
-        self._forward(rows, [r for r in steered if r.program is not None])
+        try:
+            self._forward(rows, [r for r in steered if r.program is not None], ahead)
+        except BaseException:
+            self._ahead = None  # the rows it fed end with the error
+            raise
         streamed = time.perf_counter()
         for row, committed in ended:
             self._after_commit(row, committed)
@@ -302,36 +325,38 @@ class BatchEngine:
             except Exception as exc:  # noqa: BLE001 - a row that cannot start ends alone, with its error
                 self._end(row, error=exc)
 
-    def _forward(self, rows: list[tuple[Row, Proposal]], steered: list[Row]) -> None:
-        """One target forward for the proposing ``rows`` and the ``steered`` rows' program feeds."""
-        if self.width is not None and rows:
-            width = self.width.choose([p for _, p in rows])
-            for row, proposal in rows:
-                truncate(row.session, proposal, width - 1)
-        feeds = [Feed(r.row_id, r.session.sequence + p.tokens, len(p.tokens) + 1) for r, p in rows]
-        idle = [r for r in self.scheduler.running if r.request.strategy is not None and r not in steered]
-        program_feeds = self.programs.target_feeds(steered, idle)
-        if not feeds and not steered:
+    def _forward(self, rows: list[tuple[Row, Proposal]], steered: list[Row], ahead: Ahead | None = None) -> None:
+        """One target forward for the proposing ``rows`` and the ``steered`` rows' program feeds
+        (``ahead``: the forward launched for ``rows`` before the last step's read, taken instead)."""
+        program_feeds: list[list[Feed]] = []
+        logits: list[torch.Tensor] = []  # per feed: where the program rows' logits are
+        if ahead is None:
+            if self.width is not None and rows:
+                width = self.width.choose([p for _, p in rows])
+                for row, proposal in rows:
+                    truncate(row.session, proposal, width - 1)
+            feeds = [Feed(r.row_id, r.session.sequence + p.tokens, len(p.tokens) + 1) for r, p in rows]
+            idle = [r for r in self.scheduler.running if r.request.strategy is not None and r not in steered]
+            program_feeds = self.programs.target_feeds(steered, idle)
+            if not feeds and not steered:
+                return
+        elif not rows:
             return
         mask_before = sum(r.session.state.mask_seconds for r, _ in rows)
         blocks = self._mask_blocks(rows)
         pending = self._masks_async(rows, blocks)
-        threads = self.threads.before_step() if self.threads is not None else 0
-        started = time.perf_counter()
-        logits = self.runner.run(feeds + [f for row_feeds in program_feeds for f in row_feeds])
-        flat, starts = self.runner.last_flat  # before a program's passes (if any) run the runner again
-        forward = time.perf_counter() - started
-        self.stats.phase_seconds["forward"] += forward
-        if self.threads is not None:
-            self.threads.after_step(threads, forward - self.runner.last_prefill_seconds, self.runner.last_positions)
-        if self.width is not None:
-            self.width.observe_pass(self.runner.last_positions, forward - self.runner.last_prefill_seconds)
+        if ahead is None:
+            logits, flat, starts, forward, positions, prefill = self._run_forward(feeds, program_feeds)
+        else:  # its launch was counted in the step that launched it
+            flat, starts = ahead.logits, [ahead.offsets[r.row_id] for r, _ in rows]
+            forward, positions, prefill = ahead.seconds, len(rows), 0.0
+            self.ahead_steps += 1
         masks_ok = self._wait_masks(rows, blocks, pending, mask_before)
         self.stats.steps += 1
         self.stats.rows_stepped += len(rows) + len(steered)
-        self.stats.positions += sum(self.runner.last_fed.values())
+        self.stats.positions += positions
         self.stats.forward_seconds += forward
-        self.stats.prefill_seconds += self.runner.last_prefill_seconds
+        self.stats.prefill_seconds += prefill
         offset = len(rows)
         for row, row_feeds in zip(steered, program_feeds, strict=True):
             part, offset = logits[offset:offset + len(row_feeds)], offset + len(row_feeds)
@@ -348,7 +373,24 @@ class BatchEngine:
             used = sum(len(p.masks) for _, p in rows)
             masks = self._bitmask[:used] if all(masks_ok) else torch.cat(
                 [block for block, ok in zip(blocks, masks_ok, strict=True) if ok])
-            self._commit_all(rows_at, forward, flat, masks)
+            may_run_ahead = self.run_ahead and not steered and ahead_allowed(rows_at, self.scheduler, flat.shape[0])
+            self._commit_all(rows_at, forward, flat, masks, may_run_ahead)
+
+    def _run_forward(self, feeds: list[Feed], program_feeds: list[list[Feed]]
+                     ) -> tuple[list[torch.Tensor], torch.Tensor, list[int], float, int, float]:
+        """Run the step's forward: (each feed's logits, the flat logits, each feed's first row in them,
+        seconds, positions fed beyond prefill, prefill seconds)."""
+        threads = self.threads.before_step() if self.threads is not None else 0
+        started = time.perf_counter()
+        logits = self.runner.run(feeds + [f for row_feeds in program_feeds for f in row_feeds])
+        flat, starts = self.runner.last_flat  # before a program's passes (if any) run the runner again
+        forward = time.perf_counter() - started
+        self.stats.phase_seconds["forward"] += forward
+        if self.threads is not None:
+            self.threads.after_step(threads, forward - self.runner.last_prefill_seconds, self.runner.last_positions)
+        if self.width is not None:
+            self.width.observe_pass(self.runner.last_positions, forward - self.runner.last_prefill_seconds)
+        return logits, flat, starts, forward, sum(self.runner.last_fed.values()), self.runner.last_prefill_seconds
 
     def _start(self, row: Row) -> None:
         request = row.request
@@ -414,12 +456,12 @@ class BatchEngine:
 
     @torch.inference_mode()  # the runner's logits are inference tensors, masked in place
     def _commit_all(self, rows: list[tuple[Row, Proposal, int]], forward: float, logits: torch.Tensor,
-                    masks: torch.Tensor) -> None:
+                    masks: torch.Tensor, may_run_ahead: bool = False) -> None:
         """Mask every position of every row and choose greedily (and draw each sampling row's last
         token and judge what it proposed) in a few ops over all of them, in place in the runner's
         ``logits`` (row ``start`` on: each row's positions; ``masks`` theirs, in row order), with one
-        read back of the choices;
-        then verify and commit row by row."""
+        read back of the choices; then verify and commit row by row. ``may_run_ahead``: launch the
+        next step from the choices before that read (``decoding.ahead``)."""
         phases = self.stats.phase_seconds
         started = time.perf_counter()
         spans = [(start, start + len(proposal.tokens) + 1) for _, proposal, start in rows]
@@ -443,12 +485,25 @@ class BatchEngine:
         verdicts = [(start, proposal.tokens, proposal.draft_probs, row.session.params, row.session.generator)
                     for row, proposal, start, _ in sampling
                     if proposal.tokens and all(q is None or q.shape[-1] == vocab for q in proposal.draft_probs)]
+        launch_seconds = 0.0
+
+        def launch(choices: torch.Tensor, drawn: torch.Tensor | None) -> None:
+            nonlocal launch_seconds
+            launched = time.perf_counter()
+            self._ahead = launch_ahead(self.runner, [row for row, _, _ in rows], choices, drawn,
+                                       [row_end for row_end, _, _ in draws])
+            launch_seconds = time.perf_counter() - launched
         choices, drawn, judged = mask_and_choose(logits, _in_logit_order(masks, spans, logits.shape[0]), draws,
-                                                 verdicts)
+                                                 verdicts, launch if may_run_ahead else None)
         drawn_at = {row_end: token for (row_end, _, _), token in zip(draws, drawn, strict=True)}
+        if self._ahead is not None:  # the tokens it fed, read back now (a step of one position a row)
+            fed = {row.row_id for row in self._ahead.rows}
+            self.runner.settle({row.row_id: drawn_at.get(start, choices[start])
+                                for row, _, start in rows if row.row_id in fed})
         verdict_at = {start: verdict for (start, *_), verdict in zip(verdicts, judged, strict=True)}
         committed_at = time.perf_counter()
-        phases["sample"] += committed_at - started
+        phases["forward"] += launch_seconds
+        phases["sample"] += committed_at - started - launch_seconds
         streaming = 0.0
         for (row, proposal, _), (start, end) in zip(rows, spans, strict=True):
             self._count_pass(row, len(proposal.tokens) + 1, forward)
@@ -533,6 +588,16 @@ class BatchEngine:
             except Exception as exc:  # noqa: BLE001 - e.g. a value that fails to parse: the row's error
                 row.error = exc
         row._done.set()
+
+
+def default_run_ahead(runner: Any) -> bool:
+    """Whether an engine on ``runner`` launches steps ahead by default: where the runner replays CUDA
+    graphs (on a CPU a step runs as it is launched: nothing to overlap). ``CDSL_RUN_AHEAD=1`` or
+    ``0`` says so instead."""
+    choice = os.environ.get("CDSL_RUN_AHEAD", "")
+    if choice in ("0", "1"):
+        return choice == "1"
+    return getattr(runner, "graphs", None) is not None
 
 
 def _in_logit_order(masks: torch.Tensor, spans: list[tuple[int, int]], positions: int) -> torch.Tensor:

@@ -11,7 +11,7 @@ With no proposer this is plain target decoding.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -254,25 +254,35 @@ def greedy_choices(masked: torch.Tensor) -> list[int]:
 VerdictRequest = tuple[int, Sequence[int], Sequence[torch.Tensor | None], SamplingParams, torch.Generator]
 
 
+#: called between a step's choices and their read: (every logit row's choice, the draws or None)
+BeforeRead = Callable[[torch.Tensor, torch.Tensor | None], None]
+
+
 def mask_and_choose(logits: torch.Tensor, masks: torch.Tensor,
                     draws: Sequence[tuple[int, SamplingParams, torch.Generator]] = (),
-                    verdicts: Sequence[VerdictRequest] = ()
+                    verdicts: Sequence[VerdictRequest] = (), before_read: BeforeRead | None = None
                     ) -> tuple[list[int], list[int], list[tuple[int, int]]]:
     """Mask ``logits`` in place by ``masks`` (one packed row per row of logits), choose greedily in
     every row (``greedy_choices``), draw a token for each of ``draws`` (``(row, params, generator)``:
     ``sampling.draw_tokens``) and judge each of ``verdicts`` (``sampling.speculative_verdict``): a few
     ops over all rows and ONE read back of all of it (on the CPU, numpy kernels over the logits'
     memory, read once). Returns (choices, draws, verdicts): each verdict (accepted, the residual's
-    draw)."""
+    draw). ``before_read``, if given, gets the choices and draws as tensors where the logits are,
+    before the read: what it launches on the device then runs while the host waits for the read
+    (which is queued ahead of it, so it does not wait for that work)."""
     if host_kernels(logits):
         rows = logits.numpy()
         mask_on_host(rows, masks)
         # the logits are host memory here: drawing and judging over that memory reads nothing more back
         held = torch.from_numpy(rows)
-        drawn = draw_tokens(held, draws).tolist() if draws else []
+        drawn_tokens = draw_tokens(held, draws) if draws else None
         judged = [speculative_verdict(held[start:start + len(tokens)], tokens, probs, params, generator).tolist()
                   for start, tokens, probs, params, generator in verdicts]
-        return _host_choices(rows), drawn, [(accepted, token) for accepted, token in judged]
+        choices = _host_choices(rows)
+        if before_read is not None:
+            before_read(torch.tensor(choices, dtype=torch.long), drawn_tokens)
+        drawn = drawn_tokens.tolist() if drawn_tokens is not None else []
+        return choices, drawn, [(accepted, token) for accepted, token in judged]
     apply_bitmask(logits, masks)
     best, index = logits.max(dim=-1)
     parts = [torch.where(torch.isfinite(best), index, -1)]
@@ -280,7 +290,17 @@ def mask_and_choose(logits: torch.Tensor, masks: torch.Tensor,
         parts.append(draw_tokens(logits, draws))
     parts += [speculative_verdict(logits[start:start + len(tokens)], tokens, probs, params, generator)
               for start, tokens, probs, params, generator in verdicts]
-    values = torch.cat(parts).tolist()
+    values = torch.cat(parts)
+    if before_read is not None:
+        # copied out before the launched work is queued: the read waits for the choices, not for it
+        values = values.to("cpu", non_blocking=True)
+        copied = torch.cuda.Event() if logits.is_cuda else None
+        if copied is not None:
+            copied.record()
+        before_read(parts[0], parts[1] if draws else None)
+        if copied is not None:
+            copied.synchronize()
+    values = values.tolist()
     rows, drawn = logits.shape[0], len(draws)
     judged = values[rows + drawn:]
     return values[:rows], values[rows:rows + drawn], [(judged[i], judged[i + 1]) for i in range(0, len(judged), 2)]

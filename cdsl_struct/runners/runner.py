@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import torch
@@ -29,6 +29,8 @@ logger = logging.getLogger(__name__)
 
 #: the positions a slot holds by default (prompt and output together), at most the model's own limit
 DEFAULT_CAPACITY = 2048
+#: what a row's held tokens record for a token fed from the device until the host learns it (``settle``)
+PENDING = -1
 #: slots the cache holds at least, past the buckets' rows (a step of more rows than a bucket holds
 #: runs ragged on them): the load-time self-check feeds three rows
 MIN_SLOTS = 4
@@ -117,6 +119,53 @@ class GraphRunner(RaggedRunner):
         """The static steps need no ``torch.compile`` of the forward: a no-op (0 seconds)."""
         return 0.0
 
+    # --- a step launched before the host reads the tokens it feeds -----------------------------
+
+    @torch.inference_mode()
+    def run_ahead(self, rows: Sequence[Hashable], tokens: torch.Tensor
+                  ) -> tuple[torch.Tensor, dict[Hashable, int]] | None:
+        """Feed each of ``rows`` one more token, ``tokens[i]`` for ``rows[i]`` (an int64 tensor on the
+        runner's device, not read here: the step's inputs are packed with a placeholder and the
+        tokens written into the device buffer after the copy), as one decode step; returns the
+        float32 logits of that position for every row (``[rows, vocab]``, in ``rows`` order) and each
+        row's offset in them. On a GPU this is launched, not waited for: the caller reads the tokens
+        of the step before (which do not depend on it) while the card runs it. Each row's held
+        tokens end in ``PENDING`` until ``settle``. None where this step cannot run so (a row not
+        held, the static path left, no decode bucket for it): nothing is fed then."""
+        if self.static_off is not None or not rows or any(row not in self.tokens for row in rows):
+            return None
+        length = max(len(self.tokens[row]) for row in rows) + 1
+        bucket = self.buckets.decode(self.rows, 1, length) if self.cache.fits(self.rows, length) else None
+        if bucket is None:
+            return None
+        started = time.perf_counter()
+        slots = {row: slot for slot, row in enumerate(self.order)}
+        fed = [(row, FedRow(slots[row], slots[row], len(self.tokens[row]), [self.pad_token_id], 1)) for row in rows]
+        parts: list[torch.Tensor] = []
+        offsets: dict[Hashable, int] = {}
+        self._run_static(bucket, fed, parts, offsets, 0, tokens.clamp(min=0))
+        logits = self.lm_head(parts[0]).float()
+        for row in rows:
+            self.tokens[row].append(PENDING)
+        self.passes += 1
+        self.positions += len(rows)
+        self.last_fed = dict.fromkeys(rows, 1)
+        self.last_positions, self.last_prefill_seconds, self.last_prefilled = len(rows), 0.0, {}
+        self.last_flat = (logits, [offsets[row] for row in rows])
+        self.seconds += time.perf_counter() - started
+        return logits, offsets
+
+    def settle(self, tokens: dict[Hashable, int]) -> None:
+        """Record the tokens ``run_ahead`` fed (read back since): a negative one (a row whose mask
+        allowed nothing, which ends) drops its position instead."""
+        for row, token in tokens.items():
+            held = self.tokens.get(row)
+            if held and held[-1] == PENDING:
+                if token >= 0:
+                    held[-1] = token
+                else:
+                    held.pop()
+
     # --- the ragged runner's hooks ----------------------------------------------------------------
 
     def _idle(self) -> None:
@@ -194,10 +243,14 @@ class GraphRunner(RaggedRunner):
         return steps
 
     def _run_static(self, bucket: Bucket, fed: list[tuple[Hashable, FedRow]], parts: list[torch.Tensor],
-                    offsets: dict[Hashable, int], kept_so_far: int) -> int:
+                    offsets: dict[Hashable, int], kept_so_far: int, last_tokens: torch.Tensor | None = None) -> int:
         """Load and run one static step (replayed where it has a graph); the hidden states of its kept
-        positions join ``parts`` and each kept row's offset ``offsets``. Returns the kept count so far."""
+        positions join ``parts`` and each kept row's offset ``offsets``. Returns the kept count so far.
+        ``last_tokens``: on the device, the last fed token of each row (each keeping one position),
+        written over what ``fed`` packed."""
         kept = self.step.load(bucket, [f for _, f in fed])
+        if last_tokens is not None:  # a row's last kept position is its last fed one: the same flat index as its id
+            self.step.views(bucket)["ids"].view(-1).index_copy_(0, kept, last_tokens)
         output = self.graphs.replay(bucket) if self.graphs is not None else None
         if output is None:
             output = self.step.run(bucket)

@@ -23,6 +23,7 @@ def test_the_graph_bench_reports_every_part(tmp_path, one_torch_thread, monkeypa
     assert {"mix_served", "mix_free", "one_row_served", "ragged_mix_served", "graph_mix_served_same"} <= set(engine)
     assert engine["mix_served"]["eager_steps"] > 0 and engine["ragged_mix_served"]["eager_steps"] == 0
     assert "tottime" in engine["json_free"]["profile"]
+    assert engine["mix_free_in_turn"]["ahead_steps"] == 0 and summary["ratios"]["mix_free_ahead_vs_in_turn"] > 0
     hf = summary["hf_static"]
     assert hf["free"]["tokens"] > 0 and hf["with_our_processor"]["tokens"] > 0
     assert summary["ratios"]["our_free_vs_hf_static_free"] > 0

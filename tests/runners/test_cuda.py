@@ -46,3 +46,26 @@ def test_the_engine_runner_on_cuda_is_the_graph_runner():
     assert isinstance(runner, GraphRunner) and runner.graphs is not None and runner.graphs_off is None
     out = runner.run([Feed("a", [1, 2, 3], 1)])
     assert close(out[0].cpu(), solo(reference, [1, 2, 3]))
+
+
+def test_a_step_run_ahead_replays_from_the_chosen_tokens_with_no_sync():
+    """``run_ahead`` on the card: launched without a host sync, fed from a device tensor, the same
+    logits as the step fed from the host (the engine-level check is ``tests/decoding/test_run_ahead.py``,
+    which ``CDSL_RUNNER=static`` runs the same way)."""
+    model = tiny_llama().to("cuda")
+    ahead = GraphRunner(model, buckets=SMALL, prefix_cache_bytes=0)
+    in_turn = GraphRunner(model, buckets=SMALL, prefix_cache_bytes=0, graphs=False)
+    seqs = {"a": list(range(10, 30)), "b": [5, 6, 7]}
+    for runner in (ahead, in_turn):
+        runner.run([Feed(row, seq, 1) for row, seq in seqs.items()])
+    tokens = torch.tensor([11, 12], device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        logits, offsets = ahead.run_ahead(["a", "b"], tokens)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    ahead.settle({"a": 11, "b": 12})
+    want = in_turn.run([Feed("a", seqs["a"] + [11], 1), Feed("b", seqs["b"] + [12], 1)])
+    assert torch.equal(logits[offsets["a"]], want[0][0]) and torch.equal(logits[offsets["b"]], want[1][0])
+    assert ahead.replays > 0 and ahead.tokens == in_turn.tokens

@@ -11,7 +11,7 @@ import torch
 from cdsl_struct.models.batch import Feed
 from cdsl_struct.models.ragged import RaggedRunner
 from cdsl_struct.runners.plan import Buckets, FedRow
-from cdsl_struct.runners.runner import GraphRunner
+from cdsl_struct.runners.runner import PENDING, GraphRunner
 from tests.models.solo import close, solo
 from tests.models.test_ragged import _tiny
 
@@ -129,3 +129,30 @@ def test_a_row_outgrowing_the_cache_leaves_the_static_path_and_stays_correct(mod
     assert close(out[0], solo(model, list(range(1, 30)), keep=2))
     runner.run([Feed("b", [1, 2], 1), Feed("c", [3], 1)])  # a third row: more than any bucket holds
     assert close(runner.run([Feed("c", [3, 4], 1)])[0], solo(model, [3, 4]))
+
+
+def test_a_step_run_ahead_from_device_tokens_equals_one_fed_from_the_host(model):
+    """``run_ahead`` feeds each row a token it reads from a tensor (never the host's copy): the same
+    logits as ``run`` feeding those tokens, the held tokens settled after; a row whose token is -1
+    (nothing was allowed) drops the position; off the static path it runs nothing."""
+    ahead = GraphRunner(model, buckets=SMALL, prefix_cache_bytes=0)
+    in_turn = GraphRunner(model, buckets=SMALL, prefix_cache_bytes=0)
+    seqs = {"a": list(range(10, 30)), "b": [5, 6, 7], "c": [8, 9, 4, 4]}
+    for runner in (ahead, in_turn):
+        runner.run([Feed(row, seq, 1) for row, seq in seqs.items()])
+    for tokens in ([11, 12, 13], [0, 7, model.config.vocab_size - 1]):
+        order = ["c", "a", "b"]
+        logits, offsets = ahead.run_ahead(order, torch.tensor(tokens))
+        assert all(ahead.tokens[row][-1] == PENDING for row in order)
+        ahead.settle(dict(zip(order, tokens, strict=True)))
+        for row, token in zip(order, tokens, strict=True):
+            seqs[row] = seqs[row] + [token]
+        want = in_turn.run([Feed(row, seqs[row], 1) for row in order])
+        for row, expected in zip(order, want, strict=True):
+            assert close(logits[offsets[row]:offsets[row] + 1], expected), row
+        assert ahead.tokens == in_turn.tokens
+    ahead.run_ahead(["b"], torch.tensor([-1]))
+    ahead.settle({"b": -1})
+    assert ahead.tokens["b"] == seqs["b"]
+    ahead.leave_static("a test")
+    assert ahead.run_ahead(["a"], torch.tensor([3])) is None and ahead.tokens["a"] == seqs["a"]
