@@ -192,7 +192,8 @@ class BatchEngine:
                           compiled is not None and compiled.active, getattr(self.runner, "fallback_reason", None),
                           bool(getattr(self.runner, "ragged", False)), hasattr(self.runner, "static_off"),
                           len(graphs.graphs) if graphs is not None else 0, graphs.replays if graphs is not None else 0,
-                          getattr(self.runner, "static_off", None) or getattr(self.runner, "graphs_off", None))
+                          getattr(self.runner, "static_off", None) or getattr(self.runner, "graphs_off", None),
+                          self.ahead_steps)
 
     # --- background loop ----------------------------------------------------------------------
 

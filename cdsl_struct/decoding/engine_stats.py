@@ -87,3 +87,5 @@ class EngineLoad:
     graphs_off: str | None = None
     """Why the graph runner runs without graphs or without static steps (a failed capture or
     self-check, a row that outgrew its cache), or None."""
+    ahead_steps: int = 0
+    """Steps whose forward was launched before the read of the step before (``decoding.ahead``)."""

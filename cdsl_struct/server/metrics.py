@@ -77,6 +77,8 @@ class Metrics:
                   "its graphs were dropped: the log says why)", registry=r).set_function(lambda: load().cuda_graphs)
             Gauge("cdsl_engine_graph_replays", "Target steps replayed from CUDA graphs since start",
                   registry=r).set_function(lambda: load().graph_replays)
+            Gauge("cdsl_engine_ahead_steps", "Target steps launched before the host read the tokens of the step "
+                  "before (plain decode rows on CUDA graphs)", registry=r).set_function(lambda: load().ahead_steps)
             Gauge("cdsl_prefix_cache_bytes", "Keys and values of stored prompt prefixes",
                   registry=r).set_function(lambda: load().prefix_cache_bytes)
         Gauge("cdsl_compile_cache_bytes", "Engine programs in the compile cache (their own estimate)",
