@@ -267,6 +267,7 @@ def test_metrics_count_what_was_served(server):
     assert float(values["cdsl_engine_forward_seconds"]) >= float(values["cdsl_engine_prefill_seconds"]) >= 0
     assert float(values["cdsl_engine_prefill_positions"]) > 0  # prompts were computed, inside the steps or apart
     assert float(values["cdsl_engine_compiled"]) == 0 and float(values["cdsl_engine_compiled_steps"]) == 0  # eager
+    assert float(values["cdsl_engine_ahead_steps"]) == 0  # a CPU runs each step as it is launched
 
 
 def test_a_huge_seed_beside_ordinary_requests_fails_no_one(client):
