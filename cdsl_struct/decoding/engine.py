@@ -275,8 +275,8 @@ class BatchEngine:
         phases = self.stats.phase_seconds
         started = time.perf_counter()
         ahead, self._ahead = self._ahead, None
-        if ahead is not None and not ahead.covers(self.scheduler.running):  # cannot happen; then fed anew
-            ahead = None
+        if ahead is not None and not (self.scheduler.running and ahead.covers(self.scheduler.running)):
+            ahead = None  # its rows all ended: nothing to take (a row it did not feed cannot run: admission waits)
         if ahead is None:  # a launched step admits nobody: its rows are fed already
             self._admit()
         admitted = time.perf_counter()

@@ -146,19 +146,25 @@ def test_what_keeps_steps_in_turn(setup, static):
     engine = BatchEngine(batch_runner(model, pad_token_id=0), max_batch_size=2, kv_budget_bytes=float("inf"),
                          run_ahead=True)
     try:
-        first = engine.submit(Request(prompt, specs["json"], max_tokens=20))
+        first = engine.submit(Request(prompt, specs["json"], max_tokens=8))
         while engine._ahead is None:
             engine.step()
-        late = engine.submit(Request(prompt, specs["json"], max_tokens=4))
+        late = engine.submit(Request(prompt, specs["date"], max_tokens=40))
         engine.step()  # takes the launched step: admits nobody, launches nothing while a row could join
         assert late.session is None and engine._ahead is None
         engine.step()
         assert late.session is not None
         while not (first.done and late.done):
             engine.step()
+        assert engine._ahead is not None  # launched for rows that have all ended since (the regex finished)
+        again = engine.submit(Request(prompt, specs["json"], max_tokens=4))
+        engine.step()  # ... holds no one back
+        assert again.session is not None
+        while not again.done:
+            engine.step()
     finally:
         engine.close()
-    assert first.error is None and late.error is None
+    assert first.error is None and late.error is None and again.error is None
 
 
 def test_steps_run_ahead_by_default_where_graphs_replay(setup, static, monkeypatch):
