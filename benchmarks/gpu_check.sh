@@ -21,8 +21,9 @@ step() {  # step NAME SECONDS COMMAND...
   echo "rc=$rc in $((SECONDS - started))s"; grep -v "it/s]" /tmp/step.log | tail -n 14
 }
 # the static-shape runner (issue 53): capture, replay check, the engine with the batch kept full, and
-# transformers' static-cache compiled generate in the same process
-step graphs 240 $LAB graphs --device cuda --rows 64 --requests 512 --max-tokens 96 --check-steps 8 \
+# transformers' static-cache compiled generate in the same process; free and no-draft runs also with every
+# step waiting for the read of the one before (`*_in_turn`: steps launched ahead against none)
+step graphs 300 $LAB graphs --device cuda --rows 64 --requests 512 --max-tokens 96 --check-steps 8 \
   --one-row-requests 6 --ragged-requests 48 --profile mix_served --json "$OUT/graphs.json"
 step cudatests 90 python3 -m pytest -q -p no:cacheprovider tests/runners/test_cuda.py
 step throughput 150 $LAB throughput --device cuda --batch 1,16,64 --requests 64 --max-tokens 48 --no-hf --no-hf-static \
