@@ -85,6 +85,10 @@ def _graph_runner(model: Any, pad_token_id: int, **kwargs: Any) -> tuple[Any, st
         logger.warning("%s; falling back to the ragged runner", reason)
         return None, reason
     problem = check_runner(runner) or runner.static_off
+    if problem is not None and runner.graphs is not None and runner.fused:
+        runner.unfuse(f"the compiled steps failed the self-check: {problem}")
+        runner.capture(kwargs.get("backend"))
+        problem = check_runner(runner) or runner.static_off
     if problem is not None and runner.graphs is not None:
         runner.graphs, runner.graphs_off = None, f"the graphs failed the self-check: {problem}"
         logger.warning("CUDA graphs off: %s; the static steps run eagerly", runner.graphs_off)

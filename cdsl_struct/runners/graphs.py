@@ -34,28 +34,37 @@ class StepGraphs:
         self.replays = 0
 
     @torch.inference_mode()
-    def capture(self, buckets: Sequence[Bucket], warmups: int = 2) -> float:
-        """Warm up and capture every bucket, in the order given (largest first); seconds it took."""
+    def capture(self, buckets: Sequence[Bucket], warmups: int = 2, fuse: Any = None) -> float:
+        """Warm up and capture every bucket, in the order given (largest first); seconds it took.
+        ``fuse``: a ``torch.compile`` backend each bucket's step is compiled with first
+        (``StaticStep.fuse``; its warm-up compiles it, so nothing compiles inside a capture)."""
         if self.sealed:
             raise CdslError("a runner's graphs are captured once, at start, never while serving")
         started = time.perf_counter()
+        if fuse is not None:
+            for bucket in buckets:
+                self.step.fuse(bucket, fuse)
         pool = self.cuda.graph_pool_handle()
         side = self.cuda.Stream()
         gc.collect()
         gc.freeze()  # each capture collects garbage: with the heap frozen that costs nothing
+        # one compile a bucket, all of one function: past dynamo's default limit they would run eagerly
+        limits = torch._dynamo.config.patch(recompile_limit=len(buckets) + 8,
+                                            accumulated_recompile_limit=max(256, 2 * len(buckets)))
         try:
-            for bucket in buckets:
-                self.step.load_padding(bucket)
-                side.wait_stream(self.cuda.current_stream())
-                with self.cuda.stream(side):
-                    for _ in range(warmups):
-                        self.step.run(bucket)
-                self.cuda.current_stream().wait_stream(side)
-                graph = self.cuda.CUDAGraph()
-                with self.cuda.graph(graph, pool=pool):
-                    output = self.step.run(bucket)
-                self.graphs[bucket] = (graph, output)
-            self.cuda.synchronize()
+            with limits:
+                for bucket in buckets:
+                    self.step.load_padding(bucket)
+                    side.wait_stream(self.cuda.current_stream())
+                    with self.cuda.stream(side):
+                        for _ in range(warmups):
+                            self.step.run(bucket)
+                    self.cuda.current_stream().wait_stream(side)
+                    graph = self.cuda.CUDAGraph()
+                    with self.cuda.graph(graph, pool=pool):
+                        output = self.step.run(bucket)
+                    self.graphs[bucket] = (graph, output)
+                self.cuda.synchronize()
         finally:
             gc.unfreeze()
         self.sealed = True

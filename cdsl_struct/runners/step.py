@@ -11,6 +11,7 @@ buffers' addresses never change.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,6 +43,7 @@ class StaticStep:
         self.turn = 0
         self.no_mask = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=device)
         self._views: dict[Bucket, dict[str, torch.Tensor]] = {}
+        self.fused: dict[Bucket, Any] = {}  # a bucket's step compiled for its shape (``fuse``)
 
     def views(self, bucket: Bucket) -> dict[str, torch.Tensor]:
         """The bucket's inputs as views of the device buffer (the same tensors every time)."""
@@ -75,8 +77,26 @@ class StaticStep:
         self.load(bucket, [])
 
     def run(self, bucket: Bucket) -> torch.Tensor:
-        """The step function: the decoder over ``bucket``'s inputs; hidden states ``[rows * width, hidden]``."""
-        views = self.views(bucket)
+        """The step function: the decoder over ``bucket``'s inputs; hidden states ``[rows * width, hidden]``
+        (through the bucket's compiled step where ``fuse`` made one)."""
+        fused = self.fused.get(bucket)
+        return fused() if fused is not None else self.run_eagerly(bucket)
+
+    def fuse(self, bucket: Bucket, backend: Any) -> None:
+        """Compile ``bucket``'s step for its one shape (``torch.compile``, ``fullgraph=True``,
+        ``dynamic=False``) with ``backend``: ``"inductor"`` (its kernels fused, autotuned, no CUDA
+        graphs of its own: the capture makes them) or any ``torch.compile`` backend. Compiled at the
+        first run, which ``StepGraphs.capture``'s warm-up is."""
+        options = {"mode": "max-autotune-no-cudagraphs"} if backend == "inductor" else {"backend": backend}
+        # the views handed in: traced, a lookup in ``_views`` would guard on how many buckets it holds
+        self.fused[bucket] = torch.compile(functools.partial(self._decode, bucket, self.views(bucket)),
+                                           fullgraph=True, dynamic=False, **options)
+
+    def run_eagerly(self, bucket: Bucket) -> torch.Tensor:
+        """``run`` without any compiled step."""
+        return self._decode(bucket, self.views(bucket))
+
+    def _decode(self, bucket: Bucket, views: dict[str, torch.Tensor]) -> torch.Tensor:
         step = StaticAttention(self.cache.keys, self.cache.values, views["write_slots"], views["write_positions"],
                                views["row_slots"] if bucket.gather else None,
                                step_mask(views["positions"], bucket.length, self.group), bucket.length)

@@ -162,3 +162,45 @@ def test_a_runner_made_on_a_request_path_never_captures(model, monkeypatch):
     assert type(self_check.batch_runner(model, graphs=False)).__name__ == "RaggedRunner" and asked == []
     runner = self_check.batch_runner(model)
     assert asked and type(runner).__name__ == "RaggedRunner" and runner.fallback_reason == "recorded"
+
+
+def test_fused_steps_compile_once_a_bucket_before_its_capture_and_never_while_serving(model):
+    """``fuse``: each bucket's step compiled (one ``fullgraph`` compile of its one shape) in its warm-up,
+    before its capture; serving replays them and compiles nothing; the outputs are the eager ones."""
+    buckets = Buckets(capacity=64, decode_rows=(1, 2), decode_widths=(1,), prefill_rows=(1,), prefill_widths=(8,))
+    runner = GraphRunner(model, buckets=buckets, prefix_cache_bytes=0, graphs=False)
+    fake = FakeCuda(runner.step)
+    compiles: list[int] = []
+
+    def backend(graph_module, example_inputs):  # runs the traced graph as it is; records the compile
+        compiles.append(len(example_inputs))
+        fake.events.append(("compile", fake.events[-1][1]))  # within the run the fake just recorded
+        return graph_module.forward
+
+    torch._dynamo.reset()
+    runner.capture(fake, fuse=backend)
+    fake.attach(runner.graphs)
+    assert runner.fused and runner.fuse_off is None and len(compiles) == len(buckets.all())
+    for bucket in buckets.all():
+        assert fake.events.index(("compile", bucket)) < fake.events.index(("capture", bucket))
+    seqs = {"a": list(range(1, 15)), "b": [4, 5]}
+    runner.run([Feed(r, s, 1) for r, s in seqs.items()])
+    seqs = {"a": seqs["a"] + [2], "b": seqs["b"] + [6]}
+    out = runner.run([Feed(r, s, 1) for r, s in seqs.items()])
+    assert close(out[0], solo(model, seqs["a"])) and close(out[1], solo(model, seqs["b"]))
+    assert len(compiles) == len(buckets.all()) and runner.replays >= 3
+
+
+def test_a_step_that_fails_to_compile_leaves_the_graphs_unfused(model, caplog):
+    def broken(graph_module, example_inputs):
+        raise RuntimeError("no kernel for this")
+
+    runner = GraphRunner(model, buckets=SMALL, prefix_cache_bytes=0, graphs=False)
+    fake = FakeCuda(runner.step)
+    torch._dynamo.reset()
+    runner.capture(fake, fuse=broken)
+    fake.attach(runner.graphs)
+    assert runner.graphs is not None and not runner.fused and "no kernel for this" in runner.fuse_off
+    assert "run uncompiled" in caplog.text
+    out = runner.run([Feed("a", [1, 2, 3], 1)])
+    assert close(out[0], solo(model, [1, 2, 3])) and runner.replays == 1
