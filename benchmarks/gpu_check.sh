@@ -4,7 +4,8 @@
 # Each step has its own time limit and appends its log to $OUT/steps.log (at most 8 files come back
 # from a device call), so a step that runs long costs only itself; the most wanted figures come
 # first, for a call that runs out of device time. About 8 minutes on an H100; SPECULATIVE=1 adds the
-# speculative bench in float32 and bfloat16, OVERHEAD=1 the host-time bench, BUDGET=1 budget closing
+# speculative bench in float32 and bfloat16, OVERHEAD=1 the host-time bench, FUSED=1 the graph runner with
+# its steps compiled by inductor against without, BUDGET=1 budget closing
 # on the card; ONLY="throughput tests" runs only the steps named.
 set -u
 OUT="${OUT:-/tmp/gpu_out}"; mkdir -p "$OUT"
@@ -25,6 +26,14 @@ step() {  # step NAME SECONDS COMMAND...
 # step waiting for the read of the one before (`*_in_turn`: steps launched ahead against none)
 step graphs 300 $LAB graphs --device cuda --rows 64 --requests 512 --max-tokens 96 --check-steps 8 \
   --one-row-requests 6 --ragged-requests 48 --profile mix_served --json "$OUT/graphs.json"
+# the same with each bucket's step compiled by inductor before its capture (FUSED=1; issue 53): how long
+# the compiles take at start and what fusing buys a step, 8 rows so that 88 buckets compile, not 168
+if [ -n "${FUSED:-}" ]; then
+  step fused 300 env CDSL_FUSE_STEPS=inductor $LAB graphs --device cuda --rows 8 --requests 64 --max-tokens 96 \
+    --check-steps 8 --one-row-requests 6 --ragged-requests 0 --no-hf --json "$OUT/graphs_fused.json"
+  step unfused 200 $LAB graphs --device cuda --rows 8 --requests 64 --max-tokens 96 \
+    --check-steps 8 --one-row-requests 6 --ragged-requests 0 --no-hf --json "$OUT/graphs_unfused.json"
+fi
 step cudatests 90 python3 -m pytest -q -p no:cacheprovider tests/runners/test_cuda.py
 step throughput 150 $LAB throughput --device cuda --batch 1,16,64 --requests 64 --max-tokens 48 --no-hf --no-hf-static \
   --json "$OUT/throughput.json"

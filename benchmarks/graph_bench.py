@@ -92,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
                         "capture_s": round(graphs.capture_seconds, 2) if graphs else None,
                         "capacity": getattr(getattr(runner, "buckets", None), "capacity", None),
                         "graphs_off": getattr(runner, "graphs_off", None),
+                        "fused": getattr(runner, "fused", False), "fuse_off": getattr(runner, "fuse_off", None),
                         "fallback": getattr(runner, "fallback_reason", None)}
     _say(args, f"start: {summary['start']}")
     if args.check_steps and hasattr(runner, "graphs"):

@@ -60,8 +60,9 @@ class GraphRunner(RaggedRunner):
     graph per bucket now (default: on a CUDA device); a capture that fails leaves the steps eager,
     with a log line (``graphs_off``). ``backend``: what captures (``torch.cuda``; tests hand in a
     fake). ``fuse``: compile each bucket's step before its capture with this ``torch.compile``
-    backend (``"inductor"``: the step's ~1,400 kernels fused; default: ``CDSL_FUSE_STEPS``, else
-    none); a compile that fails leaves the graphs unfused, said in ``fuse_off`` and the log.
+    backend (``"inductor"``: the step's ~1,400 kernels fused; ``"max-autotune"``: autotuned too;
+    ``StaticStep.fuse``; default: ``CDSL_FUSE_STEPS``, else none: not yet measured on a GPU); a
+    compile that fails leaves the graphs unfused, said in ``fuse_off`` and the log.
     Counters beyond the ragged runner's: ``replays`` (steps replayed from a graph) and
     ``eager_steps`` (static steps run eagerly).
     """

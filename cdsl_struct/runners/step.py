@@ -84,10 +84,11 @@ class StaticStep:
 
     def fuse(self, bucket: Bucket, backend: Any) -> None:
         """Compile ``bucket``'s step for its one shape (``torch.compile``, ``fullgraph=True``,
-        ``dynamic=False``) with ``backend``: ``"inductor"`` (its kernels fused, autotuned, no CUDA
-        graphs of its own: the capture makes them) or any ``torch.compile`` backend. Compiled at the
-        first run, which ``StepGraphs.capture``'s warm-up is."""
-        options = {"mode": "max-autotune-no-cudagraphs"} if backend == "inductor" else {"backend": backend}
+        ``dynamic=False``) with ``backend``: ``"inductor"`` (its kernels fused), ``"max-autotune"``
+        (inductor autotuning them too, slower to compile; no CUDA graphs of its own either way: the
+        capture makes them) or any ``torch.compile`` backend. Compiled at the first run, which
+        ``StepGraphs.capture``'s warm-up is."""
+        options = {"mode": "max-autotune-no-cudagraphs"} if backend == "max-autotune" else {"backend": backend}
         # the views handed in: traced, a lookup in ``_views`` would guard on how many buckets it holds
         self.fused[bucket] = torch.compile(functools.partial(self._decode, bucket, self.views(bucket)),
                                            fullgraph=True, dynamic=False, **options)

@@ -204,3 +204,32 @@ def test_a_step_that_fails_to_compile_leaves_the_graphs_unfused(model, caplog):
     assert "run uncompiled" in caplog.text
     out = runner.run([Feed("a", [1, 2, 3], 1)])
     assert close(out[0], solo(model, [1, 2, 3])) and runner.replays == 1
+
+
+def test_the_self_check_recaptures_unfused_where_the_compiled_steps_disagree(model, monkeypatch):
+    def off_by_one(graph_module, example_inputs):  # a "compiler" whose steps compute something else
+        return lambda *args: [out + 1.0 for out in graph_module.forward(*args)]
+
+    made = []
+
+    def graph_runner(*args, **kwargs):
+        runner = GraphRunner(model, buckets=SMALL, prefix_cache_bytes=0, graphs=False)
+        fake = FakeCuda(runner.step)
+        original = runner.capture
+
+        def capture(backend=None, fuse=None):  # every capture on the fake, the fake's graphs attached
+            seconds = original(fake, fuse)
+            fake.attach(runner.graphs)
+            return seconds
+
+        runner.capture = capture
+        torch._dynamo.reset()
+        runner.capture(fuse=off_by_one)
+        made.append(runner)
+        return runner
+
+    monkeypatch.setattr("cdsl_struct.runners.runner.GraphRunner", graph_runner)
+    runner, reason = self_check._graph_runner(model, 0)
+    assert runner is made[0] and reason is None
+    assert not runner.fused and "self-check" in runner.fuse_off and runner.graphs is not None
+    assert close(runner.run([Feed("a", [1, 2], 1)])[0], solo(model, [1, 2])) and runner.replays == 1
