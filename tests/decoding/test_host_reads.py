@@ -44,6 +44,16 @@ def test_the_counter_sees_a_read_of_a_forward_output_and_of_what_follows_from_it
         assert float(out[0]) == 2 and out.tolist() == [2, 2, 2] and reads.count == 3
 
 
+def reads_per_step(engine: BatchEngine, rows: list, reads: HostReads) -> list[int]:
+    """Step ``engine`` until ``rows`` end; the reads ``reads`` counted in each step."""
+    per_step = []
+    while not all(row.done for row in rows):
+        before = reads.count
+        engine.step()
+        per_step.append(reads.count - before)
+    return per_step
+
+
 on_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
@@ -78,13 +88,9 @@ def test_every_step_reads_the_device_once(setup, monkeypatch, mask_workers, kern
                          mask_workers=mask_workers)
     try:
         rows = [engine.submit(request) for request in requests]
-        per_step = []
         with HostReads() as reads:
             reads.follow(engine.runner)
-            while not all(row.done for row in rows):
-                before = reads.count
-                engine.step()
-                per_step.append(reads.count - before)
+            per_step = reads_per_step(engine, rows, reads)
     finally:
         engine.close()
     assert all(row.error is None for row in rows)

@@ -22,6 +22,7 @@ from cdsl_struct.models.self_check import batch_runner
 from cdsl_struct.models.tokenizers import load_tokenizer
 from cdsl_struct.prompts import prompt_ids
 from cdsl_struct.runners.runner import PENDING
+from tests.decoding.test_host_reads import reads_per_step
 
 
 @pytest.fixture(scope="module")
@@ -115,20 +116,20 @@ def test_the_next_step_is_launched_before_the_read_and_each_step_reads_once(setu
     reads_at_launch: list[int] = []
     try:
         rows = [engine.submit(request) for request in _requests(setup, count=6, logprobs=False)]
-        per_step = []
         with HostReads() as reads:
             reads.follow(engine.runner)
-            launch = engine.runner.run_ahead
+            launch, step, started = engine.runner.run_ahead, engine.step, [0]
 
-            def counted(*args, **kwargs):
-                reads_at_launch.append(reads.count - before)
+            def counted(*args, **kwargs):  # the reads of its step so far
+                reads_at_launch.append(reads.count - started[0])
                 return launch(*args, **kwargs)
 
-            engine.runner.run_ahead = counted
-            while not all(row.done for row in rows):
-                before = reads.count
-                engine.step()
-                per_step.append(reads.count - before)
+            def stepped():
+                started[0] = reads.count
+                step()
+
+            engine.runner.run_ahead, engine.step = counted, stepped
+            per_step = reads_per_step(engine, rows, reads)
     finally:
         engine.close()
     assert all(row.error is None for row in rows)
