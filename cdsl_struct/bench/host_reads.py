@@ -31,28 +31,19 @@ class HostReads(TorchFunctionMode):
         self.count = 0
         self._device: dict[int, weakref.ref[torch.Tensor]] = {}  # by id: tensors compare elementwise
 
-    def follow(self, runner: Any) -> Callable[[], None]:
+    def follow(self, runner: Any) -> Callable[[], object]:
         """Mark what ``runner.run`` returns (and its ``last_flat``), and what its ``run_ahead`` returns,
         from now on; returns the function that stops it."""
-        run = runner.run
-
-        def marked(*args: Any, **kwargs: Any) -> Any:
-            out = run(*args, **kwargs)
-            self._mark((out, getattr(runner, "last_flat", None)))  # the views it returns, and their base
-            return out
-
-        runner.run = marked
-        ahead = getattr(runner, "run_ahead", None)
-        if ahead is None:
-            return lambda: delattr(runner, "run")
-
-        def marked_ahead(*args: Any, **kwargs: Any) -> Any:
-            out = ahead(*args, **kwargs)
-            self._mark(out)  # a launched step's logits: the next step's device tensors
-            return out
-
-        runner.run_ahead = marked_ahead
-        return lambda: (delattr(runner, "run"), delattr(runner, "run_ahead"))
+        originals = {name: getattr(runner, name) for name in ("run", "run_ahead") if hasattr(runner, name)}
+        def marking(method: Callable[..., Any]) -> Callable[..., Any]:
+            def marked(*args: Any, **kwargs: Any) -> Any:
+                out = method(*args, **kwargs)
+                self._mark((out, getattr(runner, "last_flat", None)))  # the views it returns, and their base
+                return out
+            return marked
+        for name, method in originals.items():
+            setattr(runner, name, marking(method))
+        return lambda: [delattr(runner, name) for name in originals]
 
     def _mark(self, value: Any) -> None:
         for leaf in tree_flatten(value)[0]:

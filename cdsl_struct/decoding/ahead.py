@@ -17,6 +17,7 @@ allow one token, so the argmax is the forced token): the text is the same, the s
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -82,3 +83,13 @@ def launch_ahead(runner: Any, rows: Sequence[Row], choices: torch.Tensor, drawn:
 def _on(device: torch.device, indices: Sequence[int]) -> torch.Tensor:
     """``indices`` as an int64 tensor on ``device``, copied without waiting for the device's queue."""
     return torch.tensor(list(indices), dtype=torch.long).to(device, non_blocking=True)
+
+
+def default_run_ahead(runner: Any) -> bool:
+    """Whether an engine on ``runner`` launches steps ahead by default: where the runner replays CUDA
+    graphs (on a CPU a step runs as it is launched: nothing to overlap). ``CDSL_RUN_AHEAD=1`` or
+    ``0`` says so instead."""
+    choice = os.environ.get("CDSL_RUN_AHEAD", "")
+    if choice in ("0", "1"):
+        return choice == "1"
+    return getattr(runner, "graphs", None) is not None

@@ -26,32 +26,27 @@ or callback), its cancellation or its token budget ends that row only.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-import warnings
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 
-from ..constraints import CompiledConstraint
 from ..constraints.mask import words_for
 from ..errors import CdslError, RequestCancelled
 from ..models.batch import BatchRunner, Feed, padded_reserve
 from ..models.ragged import RaggedRunner
-from ..models.runner import ModelRunner
 from ..result import DecodeStats, Result
-from .ahead import Ahead, ahead_allowed, launch_ahead
+from .ahead import Ahead, ahead_allowed, default_run_ahead, launch_ahead
 from .budget import BudgetCloser
 from .engine_stats import PHASES, EngineLoad, EngineStats
 from .logprobs import token_logprobs
 from .loop import (
     MAX_FORCED,
     Proposal,
-    Proposer,
     Session,
     commit,
     finish,
@@ -63,15 +58,13 @@ from .loops import loop_bans, penalise
 from .mask_fill import fill_masks, fill_masks_together, split_mask_jobs
 from .programs import Programs
 from .rows import Request, Row
-from .sampling import SamplingParams
 from .scheduler import DEFAULT_PREFILL_BUDGET, Scheduler, default_kv_budget, default_prefill_budget
 from .stops import StopStrings
-from .strategy import Strategy
 from .threads import ThreadGovernor
 from .width import StepWidth
 
 __all__ = ["DEFAULT_PREFILL_BUDGET", "PHASES", "BatchEngine", "EngineLoad", "EngineStats", "Request", "Row",
-           "Scheduler", "decode", "default_kv_budget", "default_prefill_budget"]
+           "Scheduler", "default_kv_budget", "default_prefill_budget"]
 
 
 class BatchEngine:
@@ -591,16 +584,6 @@ class BatchEngine:
         row._done.set()
 
 
-def default_run_ahead(runner: Any) -> bool:
-    """Whether an engine on ``runner`` launches steps ahead by default: where the runner replays CUDA
-    graphs (on a CPU a step runs as it is launched: nothing to overlap). ``CDSL_RUN_AHEAD=1`` or
-    ``0`` says so instead."""
-    choice = os.environ.get("CDSL_RUN_AHEAD", "")
-    if choice in ("0", "1"):
-        return choice == "1"
-    return getattr(runner, "graphs", None) is not None
-
-
 def _in_logit_order(masks: torch.Tensor, spans: list[tuple[int, int]], positions: int) -> torch.Tensor:
     """``masks`` (the rows' positions one after another) placed at their ``spans`` of a ``positions``-row
     bitmask, every other row all allowed (another program's positions, padding): ``masks`` itself
@@ -611,37 +594,3 @@ def _in_logit_order(masks: torch.Tensor, spans: list[tuple[int, int]], positions
     full = torch.full((positions, masks.shape[1]), -1, dtype=masks.dtype)
     index = torch.tensor([i for start, end in spans for i in range(start, end)])
     return full.index_copy_(0, index, masks)
-
-
-def decode(target: ModelRunner, compiled: CompiledConstraint, prompt: Sequence[int], *,
-           proposers: Sequence[Proposer] = (), k: int = 4, max_tokens: int = 256, params: SamplingParams | None = None,
-           on_tokens: Callable[[list[int]], None] | None = None, strategy: Strategy | None = None,
-           cancel: threading.Event | None = None, on_budget: str = "cut") -> Result:
-    """Decode one sequence as a batch of one on an engine and a padded runner of its own, built for
-    this call, in this thread. Deprecated: it warns, and works as before for one release.
-
-    Use the path ``Generator`` and ``serve`` run: ``cdsl_struct.Generator`` (``generate``), or by
-    hand a ``BatchEngine`` on ``models.batch_runner(model)`` (the ragged runner where the model
-    supports it), kept for many requests: ``engine.run([Request(prompt, compiled, ...)])``, whose
-    ``Request`` takes these same arguments (``cancel`` is its ``cancel_event``).
-
-    ``proposers`` speculate (``k`` tokens per step at most, forced tokens up to ``MAX_FORCED``
-    more); ``strategy`` steps the row instead (CDLH, CDSL). ``on_tokens`` receives each step's
-    committed tokens; ``cancel``, once set, ends it at the next step (``finish_reason="cancelled"``).
-    ``on_budget``: as ``Request``'s. The passes are added to ``target``'s counters.
-    """
-    warnings.warn("decoding.decode() is deprecated: it builds a padded one-row engine per call; use "
-                  "cdsl_struct.Generator, or BatchEngine(batch_runner(model)).run([Request(...)])",
-                  DeprecationWarning, stacklevel=2)
-    request = Request(tuple(prompt), compiled, params or SamplingParams(), max_tokens, tuple(proposers), k,
-                      on_tokens, cancel_event=cancel, strategy=strategy, on_budget=on_budget)
-    runner = BatchRunner(target.model, target.name, prefix_cache_bytes=0)
-    engine = BatchEngine(runner, max_batch_size=1, kv_budget_bytes=float("inf"), mask_workers=0,
-                         adaptive_width=False)
-    try:
-        return engine.run([request])[0]
-    finally:
-        engine.close()
-        target.passes += runner.passes
-        target.positions += runner.positions
-        target.seconds += runner.seconds

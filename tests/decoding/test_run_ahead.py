@@ -14,7 +14,8 @@ from cdsl_struct.bench.overhead import near_zero_model
 from cdsl_struct.bench.serving import PERSON_SCHEMA, prompts
 from cdsl_struct.constraints import JsonSchema, Regex, compile, mask
 from cdsl_struct.decoding import build_proposers, loop
-from cdsl_struct.decoding.engine import BatchEngine, Request, default_run_ahead
+from cdsl_struct.decoding.ahead import default_run_ahead
+from cdsl_struct.decoding.engine import BatchEngine, Request
 from cdsl_struct.decoding.penalties import Penalties
 from cdsl_struct.decoding.sampling import SamplingParams
 from cdsl_struct.models.ragged import RaggedRunner
