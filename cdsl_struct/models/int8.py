@@ -36,7 +36,7 @@ _TINY = 1e-12
 _REDUCE_RANGE = True
 
 
-class _Int8Matrix:
+class Int8Matrix:
     """One int8 matrix (a projection's, or its siblings' side by side) with the token scaling."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
@@ -53,17 +53,27 @@ class _Int8Matrix:
         self.bias = None if bias is None else bias.detach().float()
         self.anchors = torch.tensor([-1.0, 1.0])
         self.float_weight: torch.Tensor | None = None  # set inside ``dequantised``
+        self.out_features = rows
         self.last = threading.local()  # (input, output, members served): one forward per thread
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, padded: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ weight.T (+ bias)``; ``padded``: a buffer of ``x``'s shape plus two columns that already
+        holds the anchors in them (``padded_like``), reused instead of a new one."""
         if self.float_weight is not None:
             return torch.nn.functional.linear(x, self.float_weight, self.bias)
-        scale = x.abs().amax(-1, keepdim=True).clamp_min_(_TINY)
-        padded = x.new_empty(*x.shape[:-1], self.width + 2)
-        padded[..., self.width:] = self.anchors
+        # the largest magnitude, as abs().amax() (a max is exact) in one op
+        scale = torch.linalg.vector_norm(x, float("inf"), -1, keepdim=True).clamp_min_(_TINY)
+        if padded is None:
+            padded = self.padded_like(x)
         torch.div(x, scale, out=padded[..., :self.width])
         out = torch.ops.quantized.linear_dynamic(padded, self.packed, _REDUCE_RANGE).mul_(scale)
         return out if self.bias is None else out.add_(self.bias)
+
+    def padded_like(self, x: torch.Tensor) -> torch.Tensor:
+        """An input buffer for ``x``: its shape plus the two anchor columns, anchors written."""
+        padded = x.new_empty(*x.shape[:-1], self.width + 2)
+        padded[..., self.width:] = self.anchors
+        return padded
 
     def member_output(self, index: int, members: int, x: torch.Tensor) -> torch.Tensor:
         """The whole matrix's output for ``x``, computed once for the ``members`` siblings that read it."""
@@ -79,7 +89,7 @@ class TokenScaledInt8Linear(nn.Module):
     """A linear layer on int8 weights whose activations are scaled per token (module docstring):
     the columns ``span`` of ``matrix``, member ``index`` of ``members`` siblings."""
 
-    def __init__(self, matrix: _Int8Matrix, span: tuple[int, int], index: int = 0, members: int = 1) -> None:
+    def __init__(self, matrix: Int8Matrix, span: tuple[int, int], index: int = 0, members: int = 1) -> None:
         super().__init__()
         self.matrix, self.span, self.index, self.members = matrix, span, index, members
         self.in_features, self.out_features = matrix.width, span[1] - span[0]
@@ -109,7 +119,7 @@ def quantise_linears(model: Any) -> Any:
     for module in list(plain.modules()):
         for name, child in list(module.named_children()):
             if type(child) is nn.Linear and id(child) not in done:
-                setattr(module, name, TokenScaledInt8Linear(_Int8Matrix(child.weight, child.bias),
+                setattr(module, name, TokenScaledInt8Linear(Int8Matrix(child.weight, child.bias),
                                                             (0, child.out_features)))
     return plain.eval()
 
@@ -143,7 +153,7 @@ def _can_share(members: list[nn.Linear]) -> bool:
 
 def _replace(module: nn.Module, names: tuple[str, ...], members: list[nn.Linear]) -> None:
     biases = [m.bias for m in members]
-    matrix = _Int8Matrix(torch.cat([m.weight.detach() for m in members]),
+    matrix = Int8Matrix(torch.cat([m.weight.detach() for m in members]),
                          None if biases[0] is None else torch.cat([b.detach() for b in biases]))
     start = 0
     for index, (name, member) in enumerate(zip(names, members, strict=True)):

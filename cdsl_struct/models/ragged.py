@@ -41,6 +41,7 @@ from .compat import cache_keyword
 from .compiled import CompiledForward, warm
 from .device import model_device
 from .int8 import token_scaled
+from .int8_forward import int8_forward
 from .prefix_cache import PrefixCache
 from .ragged_attention import (
     RAGGED_ATTENTION,
@@ -115,6 +116,8 @@ class RaggedRunner:
         self.last_prefilled: dict[Hashable, int] = {}
         self.compiled: CompiledForward | None = None
         self.vocab_size: int = getattr(model.config, "get_text_config", lambda: model.config)().vocab_size
+        self.int8 = int8_forward(model) if self.rows_alone and token_scaled(model) else None
+        """The int8 self-draft's own step (``models.int8_forward``), or None: the model's forward."""
 
     def compile(self, warm_up: bool = True) -> float:
         """Run this runner's steps through ``torch.compile`` from now on (``models.compiled``), and
@@ -233,6 +236,26 @@ class RaggedRunner:
         start = time.perf_counter()
         plan, ids, positions, kept, offsets = plan_step(self.order, self.tokens, tails, keeps,
                                                         self.cache, self.device, self.rows_alone)
+        if self.int8 is not None and self.compiled is None and not plan.grouped_rows:
+            logits = self.int8(ids.to(self.device), positions, kept, plan, self.cache)
+        else:
+            logits = self._model_forward(plan, ids, positions, kept)
+        for row, tail in tails.items():
+            self.tokens[row].extend(tail)
+        fed = sum(len(t) for t in tails.values())
+        self.passes += 1
+        self.positions += fed
+        self.padded_positions += fed
+        solo = sum(length for _, _, _, length, _ in plan.long_rows)
+        self.attended_slots += plan.grouped_rows * self.cache.length + solo
+        self.attended_valid += plan.grouped_valid + solo
+        self.seconds += time.perf_counter() - start
+        return logits[0].float(), offsets
+
+    def _model_forward(self, plan: StepPlan, ids: torch.Tensor, positions: torch.Tensor,
+                       kept: torch.Tensor) -> torch.Tensor:
+        """The model's own forward (compiled where ``compile`` was called) over a planned step: the
+        kept logits ``[1, kept, vocab]``."""
         _step.plan, _step.attend = plan, attention
         inputs = {"input_ids": ids.to(self.device), "position_ids": positions,
                   "attention_mask": _NO_MASK.get(self.device), "logits_to_keep": kept}
@@ -248,17 +271,7 @@ class RaggedRunner:
                 out = self.model(**{self.cache_keyword: self.cache}, use_cache=True, **inputs)
         finally:
             _step.plan = _step.attend = _step.cache = None
-        for row, tail in tails.items():
-            self.tokens[row].extend(tail)
-        fed = sum(len(t) for t in tails.values())
-        self.passes += 1
-        self.positions += fed
-        self.padded_positions += fed
-        solo = sum(length for _, _, _, length, _ in plan.long_rows)
-        self.attended_slots += plan.grouped_rows * self.cache.length + solo
-        self.attended_valid += plan.grouped_valid + solo
-        self.seconds += time.perf_counter() - start
-        return out.logits[0].float(), offsets
+        return out.logits
 
     # --- joining --------------------------------------------------------------------------------
 
