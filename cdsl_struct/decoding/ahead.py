@@ -88,7 +88,10 @@ def _on(device: torch.device, indices: Sequence[int]) -> torch.Tensor:
 def default_run_ahead(runner: Any) -> bool:
     """Whether an engine on ``runner`` launches steps ahead by default: where the runner replays CUDA
     graphs (on a CPU a step runs as it is launched: nothing to overlap). ``CDSL_RUN_AHEAD=1`` or
-    ``0`` says so instead."""
+    ``0`` says so instead; never where the runner's launched steps failed the load-time self-check
+    (``ahead_off``)."""
+    if getattr(runner, "ahead_off", None) is not None:
+        return False
     choice = os.environ.get("CDSL_RUN_AHEAD", "")
     if choice in ("0", "1"):
         return choice == "1"

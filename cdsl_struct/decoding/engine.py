@@ -84,7 +84,7 @@ class BatchEngine:
     ``run_ahead``: launch a step of plain decode rows before reading the tokens of the step before
     it, from those tokens on the device (``decoding.ahead``), so that the host's work of a step
     runs while the device runs the next; None: ``default_run_ahead`` (where the runner replays
-    CUDA graphs).
+    CUDA graphs); never on a runner whose launched steps failed their self-check (``ahead_off``).
     ``start()`` runs the step loop on a background thread, so that requests submitted from
     many threads share steps (what ``Generator`` and the server use).
     """
@@ -105,7 +105,7 @@ class BatchEngine:
         self.programs = Programs(runner, lambda row, error: self._end(row, error=error))
         if run_ahead is None:
             run_ahead = default_run_ahead(runner)
-        self.run_ahead = run_ahead and hasattr(runner, "run_ahead")
+        self.run_ahead = run_ahead and hasattr(runner, "run_ahead") and getattr(runner, "ahead_off", None) is None
         self._ahead: Ahead | None = None  # the step launched before the last read, taken by the next step
         self.ahead_steps = 0
         self._bitmask: torch.Tensor | None = None  # [rows x positions, words], reused every step

@@ -97,6 +97,11 @@ def _graph_runner(model: Any, pad_token_id: int, **kwargs: Any) -> tuple[Any, st
         reason = f"the graph runner failed its self-check: {problem}"
         logger.warning("%s; falling back to the ragged runner", reason)
         return None, reason
+    if runner.graphs is not None:
+        runner.ahead_off = check_ahead(runner)
+        if runner.ahead_off is not None:
+            logger.warning("steps launched ahead failed the self-check (%s); every step runs in turn",
+                           runner.ahead_off)
     runner.reset_counters()
     return runner, None
 
@@ -147,6 +152,46 @@ def check_runner(runner: Any) -> str | None:
         runner.prefixes = prefixes
         try:
             runner.release("a", "b", "c")
+        except Exception:  # noqa: BLE001, S110 - a runner that failed may not release; it is dropped
+            pass
+    return None
+
+
+def check_ahead(runner: Any) -> str | None:
+    """Check ``runner``'s steps launched ahead (``run_ahead``, then ``settle``, as ``decoding.ahead``
+    drives them) against the model's own forward: three rows join, one step is launched from tokens
+    on the device, and a step in turn follows it over the keys that step wrote. None where every
+    kept position agrees, else what went wrong (the engine then runs every step in turn)."""
+    model = runner.model
+    vocab = int(model.get_output_embeddings().out_features)
+    prompts = {name: [(step * i + 5) % vocab for i in range(length)]
+               for name, step, length in (("a", 13, 12), ("b", 7, 3), ("c", 5, 7))}
+    after = {"a": [3, 8], "b": [6, 1], "c": [9, 2]}  # the token launched ahead, then one fed in turn
+    prefixes, runner.prefixes = runner.prefixes, None
+    try:
+        dtype = next(model.parameters()).dtype
+        references = {row: _reference(model, prompt + after[row]) for row, prompt in prompts.items()}
+        runner.run([Feed(row, prompt, 1) for row, prompt in prompts.items()])
+        rows = list(prompts)
+        tokens = torch.tensor([after[row][0] for row in rows], device=runner.device)
+        launched = runner.run_ahead(rows, tokens)
+        if launched is None:
+            return "run_ahead launched nothing for three decode rows"
+        logits, offsets = launched
+        runner.settle({row: after[row][0] for row in rows})
+        for row in rows:
+            end = len(prompts[row])
+            problem = (_compare(logits[offsets[row]:offsets[row] + 1], references[row][end:end + 1], dtype)
+                       or _compare(runner.run([Feed(row, prompts[row] + after[row], 1)])[0],
+                                   references[row][end + 1:end + 2], dtype))
+            if problem is not None:
+                return f"row {row!r}, launched ahead: {problem}"
+    except Exception as exc:  # noqa: BLE001 - any failure: steps run in turn
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        runner.prefixes = prefixes
+        try:
+            runner.release(*prompts)
         except Exception:  # noqa: BLE001, S110 - a runner that failed may not release; it is dropped
             pass
     return None

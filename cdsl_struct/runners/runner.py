@@ -83,6 +83,8 @@ class GraphRunner(RaggedRunner):
         self.graphs_off: str | None = None
         self.static_off: str | None = None
         self.fuse_off: str | None = None
+        self.ahead_off: str | None = None
+        """Why no step may run ahead (``run_ahead`` failed the load-time self-check), or None."""
         self.eager_steps = 0
         if graphs if graphs is not None else self.device.type == "cuda":
             self.capture(backend, fuse if fuse is not None else os.environ.get("CDSL_FUSE_STEPS") or None)

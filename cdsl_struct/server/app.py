@@ -412,6 +412,9 @@ def serve(host: str = "127.0.0.1", port: int = 8000, model: str = "smollm2", dra
     runner = "graph runner" if static else "ragged runner" if load.ragged_runner else "padded runner"
     if static:
         runner += f" ({load.cuda_graphs} CUDA graphs)" if load.cuda_graphs else f" (eager: {load.graphs_off})"
+        ahead_off = getattr(generator.engine.runner, "ahead_off", None)
+        runner += " (steps launched ahead)" if generator.engine.run_ahead else \
+            f" (steps in turn: {ahead_off})" if ahead_off else ""
     if load.runner_fallback:
         runner += f" (a runner failed its self-check: {load.runner_fallback})"
     handoff = None

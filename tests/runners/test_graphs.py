@@ -233,3 +233,51 @@ def test_the_self_check_recaptures_unfused_where_the_compiled_steps_disagree(mod
     assert runner is made[0] and reason is None
     assert not runner.fused and "self-check" in runner.fuse_off and runner.graphs is not None
     assert close(runner.run([Feed("a", [1, 2], 1)])[0], solo(model, [1, 2])) and runner.replays == 1
+
+
+def _checked_graph_runner(model, monkeypatch, ahead_offset=0):
+    """``self_check._graph_runner`` on a fake capture; ``ahead_offset``: steps launched ahead feed each
+    row that much past the token they were given (a launch that writes the wrong ids)."""
+    made = []
+
+    def graph_runner(*args, **kwargs):
+        runner, _ = _runner(model)
+        if ahead_offset:
+            launch = runner.run_ahead
+            runner.run_ahead = lambda rows, tokens: launch(rows, tokens + ahead_offset)
+        made.append(runner)
+        return runner
+
+    monkeypatch.setattr("cdsl_struct.runners.runner.GraphRunner", graph_runner)
+    runner, reason = self_check._graph_runner(model, 0)
+    assert runner is made[0] and reason is None and runner.graphs is not None
+    assert runner.rows == 0 and runner.passes == 0  # the checks' steps are not kept or counted
+    return runner
+
+
+def test_the_self_check_keeps_steps_ahead_that_agree_with_the_model(model, monkeypatch):
+    from cdsl_struct.decoding.ahead import default_run_ahead
+
+    runner = _checked_graph_runner(model, monkeypatch)
+    assert runner.ahead_off is None and default_run_ahead(runner)
+
+
+def test_steps_ahead_that_disagree_with_the_model_run_in_turn(model, monkeypatch, caplog):
+    from cdsl_struct.decoding import BatchEngine
+    from cdsl_struct.decoding.ahead import default_run_ahead
+
+    runner = _checked_graph_runner(model, monkeypatch, ahead_offset=1)
+    assert "launched ahead" in runner.ahead_off and "every step runs in turn" in caplog.text
+    monkeypatch.setenv("CDSL_RUN_AHEAD", "1")
+    assert not default_run_ahead(runner)
+    engine = BatchEngine(runner, run_ahead=True)
+    assert not engine.run_ahead
+    engine.close()
+    assert close(runner.run([Feed("a", [1, 2], 1)])[0], solo(model, [1, 2]))  # the graphs still serve
+
+
+def test_the_ahead_check_runs_on_eager_static_steps(model):
+    runner = GraphRunner(model, buckets=SMALL, prefix_cache_bytes=0, graphs=False)
+    assert self_check.check_ahead(runner) is None and runner.rows == 0
+    runner.run_ahead = lambda rows, tokens: None
+    assert "launched nothing" in self_check.check_ahead(runner)
