@@ -44,6 +44,7 @@ def test_the_engine_runner_on_cuda_is_the_graph_runner():
     reference, model = tiny_llama(), tiny_llama().to("cuda")
     runner = batch_runner(model, max_rows=4)
     assert isinstance(runner, GraphRunner) and runner.graphs is not None and runner.graphs_off is None
+    assert runner.ahead_off is None  # its replayed steps launched ahead passed the load-time check
     out = runner.run([Feed("a", [1, 2, 3], 1)])
     assert close(out[0].cpu(), solo(reference, [1, 2, 3]))
 
