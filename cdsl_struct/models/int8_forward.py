@@ -13,7 +13,7 @@ SiLU MLP) whose linear layers ``quantise_linears`` made token-scaled int8:
 - q/k/v and gate/up are one int8 product each, read by column range;
 - the activations' scale is one ``vector_norm`` (the largest magnitude, as ``abs().amax()``)
   and the padded input with its two anchors is a buffer kept per shape, anchors written once;
-- RMSNorm is ``torch.rms_norm``; the rotary embedding is applied to queries and keys together,
+- the rotary embedding is applied to queries and keys together,
   ``rotate_half(x) * sin`` as ``roll(x) * sin`` with the first half of ``sin`` negated;
 - residual adds are in place; a row's keys and values are written by slice.
 
@@ -102,7 +102,7 @@ class Int8Forward:
         masked_gqa = masked_gqa_safe(ids.device)
         hidden = torch.nn.functional.embedding(ids, self.embedding)
         for index, layer in enumerate(self.layers):
-            x = torch.rms_norm(hidden, hidden.shape[-1:], layer.attention_norm, layer.attention_eps)
+            x = _rms_norm(hidden, layer.attention_norm, layer.attention_eps)
             qkv = layer.qkv(x)
             rotated = qkv[..., :keys_end].view(1, tokens, heads + kv_heads, dim).transpose(1, 2)
             rotated = rotated * cos + rotated.roll(dim // 2, -1) * sin
@@ -110,11 +110,11 @@ class Int8Forward:
             value = qkv[..., keys_end:].view(1, tokens, kv_heads, dim).transpose(1, 2)
             attended = self._attend(index, query, key, value, plan, cache, masked_gqa)
             hidden.add_(layer.out(attended.view(1, tokens, queries)))
-            x = torch.rms_norm(hidden, hidden.shape[-1:], layer.mlp_norm, layer.mlp_eps)
+            x = _rms_norm(hidden, layer.mlp_norm, layer.mlp_eps)
             gate_up = layer.gate_up(x)
             gated = torch.nn.functional.silu(gate_up[..., :self.intermediate]) * gate_up[..., self.intermediate:]
             hidden.add_(layer.down(gated))
-        hidden = torch.rms_norm(hidden[:, kept], hidden.shape[-1:], self.norm, self.norm_eps)
+        hidden = _rms_norm(hidden[:, kept], self.norm, self.norm_eps)
         return self.head(hidden)
 
     def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,6 +146,12 @@ class Int8Forward:
                                        masked_gqa)[0].transpose(0, 1))
         out = parts[0] if len(parts) == 1 else torch.cat(parts)
         return out.reshape(out.shape[0], -1)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' RMSNorm of a float32 ``x``, op for op (``torch.rms_norm`` may fuse them on
+    another CPU or torch, and a fused sum rounds otherwise)."""
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
 def int8_forward(model: Any) -> Int8Forward | None:
