@@ -104,8 +104,18 @@ def _whole_buffer(states: torch.Tensor) -> torch.Tensor | None:
     return states.as_strided((rows, heads, capacity, dim), states.stride())
 
 
+def within_window(causal: torch.Tensor, window: int | None) -> torch.Tensor | None:
+    """A row's ``causal`` mask (``[count, length]``: its last ``count`` queries over its ``length``
+    positions) with what a sliding window of ``window`` positions hides hidden too (a query at
+    position q sees q - window < p <= q, as transformers' sliding layers); None where it hides nothing."""
+    count, length = causal.shape
+    if not window or length <= window:
+        return None
+    return causal & ~torch.ones_like(causal).tril(length - count - window)
+
+
 def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, causal: torch.Tensor,
-                  scale: float, group: int, masked_gqa: bool) -> torch.Tensor:
+                  scale: float, group: int, masked_gqa: bool, windowed: bool = False) -> torch.Tensor:
     """One row's attention: ``query`` ``[1, heads, count, dim]`` (its last ``count`` positions) over
     ``keys``/``values`` ``[1, kv_heads, length, dim]``, ``causal`` its ``[count, length]`` mask.
 
@@ -114,12 +124,13 @@ def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     [1, 9, 1, 45]``, torch 2.11), and transformers never sends a mask with ``enable_gqa`` there
     either. So without it a mask goes only where one is needed: one query sees every position (no
     mask), a prompt with nothing before it is plain causal (``is_causal``), and only queries after
-    held positions get the mask, over key/value heads expanded to the query heads."""
+    held positions get the mask, over key/value heads expanded to the query heads. ``windowed``:
+    ``causal`` hides keys a sliding window leaves out (``within_window``), so it always applies."""
     count, length = query.shape[2], keys.shape[2]
     sdpa = torch.nn.functional.scaled_dot_product_attention
     if masked_gqa:
         return sdpa(query, keys, values, attn_mask=causal, scale=scale, enable_gqa=group > 1)
-    if count == 1 or count == length:
+    if not windowed and (count == 1 or count == length):
         return sdpa(query, keys, values, is_causal=count > 1, scale=scale, enable_gqa=group > 1)
     if group > 1:
         keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)

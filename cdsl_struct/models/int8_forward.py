@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from .attention import row_attention
+from .attention import row_attention, within_window
 from .int8 import Int8Matrix, TokenScaledInt8Linear
 from .ragged_attention import masked_gqa_safe
 from .ragged_plan import StepPlan
@@ -57,6 +57,8 @@ class _Layer:
     mlp_eps: float
     gate_up: _Matmul
     down: _Matmul
+    window: int | None
+    """The layer's sliding window (a query at q sees q - window < p <= q), or None."""
 
 
 class _Matmul:
@@ -108,7 +110,7 @@ class Int8Forward:
             rotated = rotated * cos + rotated.roll(dim // 2, -1) * sin
             query, key = rotated[:, :heads], rotated[:, heads:]
             value = qkv[..., keys_end:].view(1, tokens, kv_heads, dim).transpose(1, 2)
-            attended = self._attend(index, query, key, value, plan, cache, masked_gqa)
+            attended = self._attend(index, layer.window, query, key, value, plan, cache, masked_gqa)
             hidden.add_(layer.out(attended.view(1, tokens, queries)))
             x = _rms_norm(hidden, layer.mlp_norm, layer.mlp_eps)
             gate_up = layer.gate_up(x)
@@ -126,8 +128,8 @@ class Int8Forward:
         sin[..., :sin.shape[-1] // 2].neg_()
         return cos.unsqueeze(1), sin.unsqueeze(1)
 
-    def _attend(self, index: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, plan: StepPlan,
-                cache: Any, masked_gqa: bool) -> torch.Tensor:
+    def _attend(self, index: int, window: int | None, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                plan: StepPlan, cache: Any, masked_gqa: bool) -> torch.Tensor:
         """Write layer ``index``'s new keys and values, attend each row on its own; ``[N, heads * dim]``."""
         keys, values = cache.layer(index, key)
         rows = plan.long_rows
@@ -141,9 +143,10 @@ class Int8Forward:
         group = self.heads // self.kv_heads
         parts = []
         for slot, first, count, length, causal in rows:
+            sliding = within_window(causal, window)
             parts.append(row_attention(query[:, :, first:first + count], keys[slot:slot + 1, :, :length],
-                                       values[slot:slot + 1, :, :length], causal, self.scale, group,
-                                       masked_gqa)[0].transpose(0, 1))
+                                       values[slot:slot + 1, :, :length], causal if sliding is None else sliding,
+                                       self.scale, group, masked_gqa, windowed=sliding is not None)[0].transpose(0, 1))
         out = parts[0] if len(parts) == 1 else torch.cat(parts)
         return out.reshape(out.shape[0], -1)
 
@@ -184,7 +187,15 @@ def _layer(layer: Any) -> _Layer:
     return _Layer(layer.input_layernorm.weight, float(layer.input_layernorm.variance_epsilon),
                   _shared(attention.q_proj, attention.k_proj, attention.v_proj), _shared(attention.o_proj),
                   layer.post_attention_layernorm.weight, float(layer.post_attention_layernorm.variance_epsilon),
-                  _shared(mlp.gate_proj, mlp.up_proj), _shared(mlp.down_proj))
+                  _shared(mlp.gate_proj, mlp.up_proj), _shared(mlp.down_proj), _window(attention))
+
+
+def _window(attention: Any) -> int | None:
+    """An attention module's sliding window, as its forward hands it to the attention function: its
+    own ``sliding_window`` (Qwen 2: None on full layers), else its config's (Mistral)."""
+    if hasattr(attention, "sliding_window"):
+        return attention.sliding_window or None
+    return getattr(attention.config, "sliding_window", None) or None
 
 
 def _shared(*members: Any) -> _Matmul:

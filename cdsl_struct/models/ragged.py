@@ -21,8 +21,9 @@ where each token goes and how the rows group: a ``StepPlan``, ``models.ragged_pl
 
 The model must call its attention through transformers' ``AttentionInterface`` and its cache
 through ``cache.update``; the families checked (Llama, Mistral, Qwen 2 and 3, Gemma 3) are listed
-in ``RAGGED_MODEL_TYPES`` (``supports_ragged``); others use ``BatchRunner``. Sliding-window layers
-are treated as full layers, as in ``BatchRunner``.
+in ``RAGGED_MODEL_TYPES`` (``supports_ragged``); others use ``BatchRunner``. A sliding-window layer
+(Gemma 3's local layers, Mistral's, Qwen's where set) attends within its window, as the model's own
+forward does: its masks hide what the window leaves out (the cache still holds every position).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ..errors import CdslError
-from .attention import DECODE_ATTENTION, decode_attention, ragged_step, row_attention
+from .attention import DECODE_ATTENTION, decode_attention, ragged_step, row_attention, within_window
 from .ragged_plan import StepPlan
 
 #: model types whose attention runs through the attention interface and the cache's ``update``,
@@ -29,9 +29,10 @@ _step = ragged_step  # ``plan``, ``attend`` and ``cache`` while a ragged step ru
 
 
 def ragged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     scaling: float | None) -> torch.Tensor:
+                     scaling: float | None, window: int | None = None) -> torch.Tensor:
     """Attention of a ragged step: ``query`` ``[1, heads, N, dim]``, ``key``/``value`` a layer's
-    ``SlotCache`` buffers (this step's tokens already written); returns ``[1, N, heads, dim]``."""
+    ``SlotCache`` buffers (this step's tokens already written); returns ``[1, N, heads, dim]``.
+    ``window``: the layer's sliding window (a query at position q sees q - window < p <= q), or None."""
     plan: StepPlan = _step.plan
     if (key.shape[0], key.shape[2]) != plan.cache_shape:
         # checked on the host before any index op: on CUDA an out-of-range index is a device-side
@@ -59,7 +60,7 @@ def ragged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
         else:
             keys, values = key.index_select(0, plan.grouped_slots), value.index_select(0, plan.grouped_slots)
         length = keys.shape[2]
-        bias = _grouped_bias(plan, kv_heads, group, grouped.dtype)
+        bias = _grouped_bias(plan, kv_heads, group, grouped.dtype, window)
         keys, values = keys.view(rows * kv_heads, length, dim), values.view(rows * kv_heads, length, dim)
         if grouped_by_sdpa(query.device):
             # one "head" per (row, key/value head): a mask, and no ``enable_gqa`` beside it
@@ -78,14 +79,15 @@ def ragged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
         else:
             out[plan.grouped_tokens] = real
     for slot, first, count, length, causal in plan.long_rows:
+        sliding = within_window(causal, window)
         row_query, row_keys = query[:, :, first:first + count], key[slot:slot + 1, :, :length]
         row_values = value[slot:slot + 1, :, :length]
         if count == 1 and query.dtype == torch.bfloat16 and query.device.type == "cpu":
             # one bfloat16 query takes a slow SDPA kernel on the CPU (164 us against 29 us in float32
             # at 270 positions)
             row_query, row_keys, row_values = row_query.float(), row_keys.float(), row_values.float()
-        attended = row_attention(row_query, row_keys, row_values, causal, scale, group,
-                                 masked_gqa=masked_gqa_safe(query.device))
+        attended = row_attention(row_query, row_keys, row_values, causal if sliding is None else sliding, scale,
+                                 group, masked_gqa=masked_gqa_safe(query.device), windowed=sliding is not None)
         out[first:first + count] = attended[0].transpose(0, 1).to(out.dtype)
     return out.unsqueeze(0)
 
@@ -121,31 +123,37 @@ def layer_number(module: Any) -> torch.Tensor:
 
 @torch.library.custom_op("cdsl_struct::ragged_attend", mutates_args=())
 def ragged_attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: torch.Tensor,
-                  scaling: float) -> torch.Tensor:
+                  scaling: float, window: int = 0) -> torch.Tensor:
     """Write layer ``layer``'s new keys and values into the running step's ``SlotCache`` and attend by its
-    plan (``ragged_attention``): ``[1, heads, N, dim]`` queries -> ``[1, N, heads, dim]``.
-    Opaque to the compiler (``models.compiled``): the cache and the plan are read from the step's
-    thread-local state."""
+    plan (``ragged_attention``; ``window``: its sliding window, 0 for none): ``[1, heads, N, dim]``
+    queries -> ``[1, N, heads, dim]``. Opaque to the compiler (``models.compiled``): the cache and the
+    plan are read from the step's thread-local state."""
     keys, values = _step.cache.update(key, value, int(layer))
-    return ragged_attention(None, query, keys, values, scaling)
+    return ragged_attention(None, query, keys, values, scaling, window or None)
 
 
 @ragged_attend.register_fake
 def _ragged_attend_shape(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: torch.Tensor,
-                         scaling: float) -> torch.Tensor:
+                         scaling: float, window: int = 0) -> torch.Tensor:
     return query.new_empty((1, query.shape[2], query.shape[1], query.shape[3]))
 
 
-def _grouped_bias(plan: StepPlan, kv_heads: int, group: int, dtype: torch.dtype) -> torch.Tensor:
-    """The step's grouped mask as a ``[A * kv_heads, group * W, capacity]`` additive bias (cached on the plan)."""
-    bias = plan.grouped_bias.get((kv_heads, group, dtype))
+def _grouped_bias(plan: StepPlan, kv_heads: int, group: int, dtype: torch.dtype,
+                  window: int | None = None) -> torch.Tensor:
+    """The step's grouped mask as a ``[A * kv_heads, group * W, capacity]`` additive bias (cached on the
+    plan), with what a sliding ``window`` hides hidden too."""
+    window = window if window and plan.grouped_length > window else 0
+    bias = plan.grouped_bias.get((kv_heads, group, dtype, window))
     if bias is None:
         mask = plan.grouped_mask  # [A, 1, W, capacity]
+        if window:
+            positions = torch.arange(mask.shape[-1], device=mask.device)
+            mask = mask & (positions[None, None, :] > plan.grouped_limit[:, :, None] - window).unsqueeze(1)
         rows, width, length = mask.shape[0], mask.shape[2], mask.shape[3]
         bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
         bias = bias.unsqueeze(2).expand(rows, kv_heads, group, width, length).reshape(rows * kv_heads,
                                                                                        group * width, length)
-        plan.grouped_bias[(kv_heads, group, dtype)] = bias
+        plan.grouped_bias[(kv_heads, group, dtype, window)] = bias
     return bias
 
 
@@ -172,8 +180,9 @@ def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.
     """The ``RAGGED_ATTENTION`` implementation (transformers' signature): ``static_attention`` in a
     static step (``runners``), ``ragged_attention`` in a ragged step, ``decode_attention`` otherwise."""
     static = kwargs.get(STATIC_STEP)
+    window = kwargs.get("sliding_window") or None  # what the model's sliding layers hand their attention
     if static is not None:  # a static step's own attention (``runners.attention.StaticAttention``)
-        return static.attend(module, query, key, value, scaling), None
+        return static.attend(module, query, key, value, scaling, window), None
     # a compiled step's forward (``models.compiled``): traced, or any part of it dynamo runs eagerly
     compiling = torch.compiler.is_dynamo_compiling() or getattr(_step, "cache", None) is not None
     if not compiling and getattr(_step, "plan", None) is None:  # a forward outside a ragged step
@@ -185,8 +194,8 @@ def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.
         _step.ran_eagerly = True  # a compiled step that no graph fitted (``CompiledForward.misses``)
     if compiling:  # the cache write and the attention, opaque to the compiler
         scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
-        return ragged_attend(query, key, value, layer_number(module), scale), None
-    return ragged_attention(module, query, key, value, scaling), None
+        return ragged_attend(query, key, value, layer_number(module), scale, int(window or 0)), None
+    return ragged_attention(module, query, key, value, scaling, window), None
 
 
 def use_ragged_attention(model: Any) -> None:

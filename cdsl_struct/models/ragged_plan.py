@@ -43,6 +43,8 @@ class StepPlan:
     grouped_mask: torch.Tensor | None
     """``[A, 1, W, capacity]`` True where a query attends (the cache's capacity: attention reads
     whole rows of the buffer)."""
+    grouped_limit: torch.Tensor | None
+    """``[A, W]`` the position each grouped query stands at (what it sees up to)."""
     grouped_real: torch.Tensor | None
     """Indices into the ``A * W`` padded queries of the real ones, in flat-token order (None: all of them)."""
     grouped_tokens: torch.Tensor | None
@@ -52,10 +54,10 @@ class StepPlan:
     attends on its own (a prompt, or every row of a step of at most ``SOLO_ROWS`` rows)."""
     cache_shape: tuple[int, int] = (0, 0)
     """The ``SlotCache``'s (slots, capacity) this step: what each layer's keys must have."""
-    grouped_bias: dict[tuple[int, int, torch.dtype], torch.Tensor] = field(default_factory=dict)
+    grouped_bias: dict[tuple[int, int, torch.dtype, int], torch.Tensor] = field(default_factory=dict)
     """``grouped_mask`` as the additive bias of the scores matmul (0 or the dtype's lowest), made
-    by the first layer that attends and shared by the rest: ``(kv_heads, group, dtype)`` -> ``[A * kv_heads,
-    group * W, capacity]``."""
+    by the first layer that attends and shared by the rest: ``(kv_heads, group, dtype, sliding window
+    or 0)`` -> ``[A * kv_heads, group * W, capacity]``."""
 
 
 def plan_step(order: Sequence[Hashable], tokens: dict[Hashable, list[int]], tails: dict[Hashable, list[int]],
@@ -100,11 +102,12 @@ def plan_step(order: Sequence[Hashable], tokens: dict[Hashable, list[int]], tail
         queries.extend(range(first, first + count))
         queries.extend([0] * (width - count))
         real.extend(range(index * width, index * width + count))
-    mask = None
+    mask = limit = None
     if grouped:
         held = torch.tensor([h for *_, h in grouped])
         limit = held[:, None] + torch.arange(width)[None, :]  # query w of a row sees positions <= held + w
         mask = (torch.arange(cache.length)[None, None, :] <= limit[:, :, None]).unsqueeze(1).to(device)
+        limit = limit.to(device)
     in_order = all(slot == index for index, (slot, *_) in enumerate(grouped))
     grouped_tokens = None
     if long_rows and grouped:
@@ -115,7 +118,7 @@ def plan_step(order: Sequence[Hashable], tokens: dict[Hashable, list[int]], tail
         grouped_slots=None if in_order else torch.tensor([s for s, *_ in grouped], device=device),
         grouped_rows=len(grouped), grouped_queries=_unless_in_order(queries, device, len(queries)),
         grouped_width=width, grouped_length=length, grouped_valid=sum(h + c for _, _, c, h in grouped),
-        grouped_mask=mask,
+        grouped_mask=mask, grouped_limit=limit,
         grouped_real=_unless_in_order(real, device, len(queries)), grouped_tokens=grouped_tokens,
         long_rows=long_rows, cache_shape=(cache.rows, cache.length))
     return (plan, torch.tensor([ids]), torch.tensor([positions], device=device),

@@ -33,15 +33,25 @@ class StaticAttention:
     row_slots: torch.Tensor | None
     mask: torch.Tensor
     length: int
+    positions: torch.Tensor | None = None
+    """``[rows, width]`` each query's position: what a sliding layer's mask is made from."""
+    group: int = 1
 
     def attend(self, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-               scaling: float | None) -> torch.Tensor:
-        """What the model's attention function calls in a static step (``static_attention``)."""
-        return static_attention(module, query, key, value, self, scaling)
+               scaling: float | None, window: int | None = None) -> torch.Tensor:
+        """What the model's attention function calls in a static step (``static_attention``);
+        ``window``: the layer's sliding window, or None."""
+        return static_attention(module, query, key, value, self, scaling, window)
+
+    def mask_for(self, window: int | None) -> torch.Tensor:
+        """The step's mask for a layer with sliding ``window`` (None: the full-attention mask)."""
+        if not window or window >= self.length or self.positions is None:
+            return self.mask
+        return step_mask(self.positions, self.length, self.group, window)
 
 
 def static_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     step: StaticAttention, scaling: float | None) -> torch.Tensor:
+                     step: StaticAttention, scaling: float | None, window: int | None = None) -> torch.Tensor:
     """``query`` ``[rows, heads, width, dim]``, ``key``/``value`` ``[rows, kv_heads, width, dim]`` (the
     step's own) -> ``[rows, width, heads, dim]`` (transformers' layout of an attention output)."""
     rows, heads, width, dim = query.shape
@@ -59,13 +69,17 @@ def static_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
         values = layer_values[:, :, :length].index_select(0, step.row_slots)
     grouped = query.reshape(rows, kv_heads, group * width, dim)
     scale = dim ** -0.5 if scaling is None else scaling
-    attended = torch.nn.functional.scaled_dot_product_attention(grouped, keys, values, attn_mask=step.mask,
+    attended = torch.nn.functional.scaled_dot_product_attention(grouped, keys, values, attn_mask=step.mask_for(window),
                                                                 scale=scale)
     return attended.view(rows, kv_heads, group, width, dim).reshape(rows, heads, width, dim).transpose(1, 2)
 
 
-def step_mask(positions: torch.Tensor, length: int, group: int) -> torch.Tensor:
-    """``[rows, 1, group * width, length]``: query (g, w) of row b sees positions ``<= positions[b, w]``."""
+def step_mask(positions: torch.Tensor, length: int, group: int, window: int | None = None) -> torch.Tensor:
+    """``[rows, 1, group * width, length]``: query (g, w) of row b sees positions ``<= positions[b, w]``,
+    and with a sliding ``window`` only those ``> positions[b, w] - window``."""
     rows, width = positions.shape
-    seen = torch.arange(length, device=positions.device)[None, None, :] <= positions[:, :, None]
+    every = torch.arange(length, device=positions.device)[None, None, :]
+    seen = every <= positions[:, :, None]
+    if window:
+        seen = seen & (every > positions[:, :, None] - window)
     return seen[:, None].expand(rows, group, width, length).reshape(rows, 1, group * width, length)

@@ -100,7 +100,8 @@ class StaticStep:
     def _decode(self, bucket: Bucket, views: dict[str, torch.Tensor]) -> torch.Tensor:
         step = StaticAttention(self.cache.keys, self.cache.values, views["write_slots"], views["write_positions"],
                                views["row_slots"] if bucket.gather else None,
-                               step_mask(views["positions"], bucket.length, self.group), bucket.length)
+                               step_mask(views["positions"], bucket.length, self.group), bucket.length,
+                               views["positions"], self.group)
         out = self.decoder(input_ids=views["ids"], position_ids=views["positions"], attention_mask=self.no_mask,
                            use_cache=False, **{STEP_KEYWORD: step})
         return out.last_hidden_state.reshape(bucket.tokens, -1)

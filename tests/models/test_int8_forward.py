@@ -73,7 +73,7 @@ def _tiny_int8(family: str, **extra):
 
 
 @pytest.mark.parametrize(("family", "extra"), [("llama", {"tie_word_embeddings": False}),
-                                               ("mistral", {}), ("qwen2", {})])
+                                               ("mistral", {}), ("mistral", {"sliding_window": 5}), ("qwen2", {})])
 def test_each_family_it_takes_matches_bitwise(family, extra):
     draft = _tiny_int8(family, **extra)
     if family == "qwen2":  # biases on q/k/v: carried by the shared int8 matrix

@@ -206,3 +206,61 @@ def test_a_self_draft_sharing_the_targets_layers_runs_ragged_only_when_they_atte
     out = runner.run([Feed(r, s + [10], 1) for r, s in seqs.items()])  # grouped attention, three rows
     for (row, seq), logits in zip(seqs.items(), out, strict=True):
         assert close(logits, solo(draft, seq + [10])), row
+
+
+def _windowed(family):
+    """A tiny random ``family`` model whose sliding layers see 5 positions (Gemma 3: one sliding and
+    one full layer; Mistral: every layer)."""
+    import transformers
+
+    torch.manual_seed(9)
+    common = dict(vocab_size=60, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256, sliding_window=5)
+    if family == "gemma3_text":
+        config = transformers.Gemma3TextConfig(**common, head_dim=16,
+                                               layer_types=["sliding_attention", "full_attention"])
+        model = transformers.Gemma3ForCausalLM(config)
+    else:
+        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(family, **common))
+    model.eval().set_attn_implementation("sdpa")
+    return model
+
+
+def windowed_script(model, runner):
+    """Rows past a sliding window of 5 through ``runner``, each step's kept logits against the model's
+    own forward over the whole sequence (no cache): a long prompt (attends alone), short feeds in
+    the grouped attention, several kept positions, rows joining and leaving. Returns the steps run."""
+    def reference(sequence, keep):
+        with torch.inference_mode():
+            return model(input_ids=torch.tensor([sequence]), use_cache=False).logits[0, -keep:].float()
+
+    seqs = {"a": list(range(3, 23)), "b": [7, 8, 9], "c": [11, 12, 13, 14, 15, 16, 17, 18]}
+    steps = 0
+    for step in range(6):
+        keep = {"a": 1, "b": 2, "c": 3} if step % 2 else {"a": 2, "b": 1, "c": 1}
+        feeds = [Feed(row, seq, min(keep.get(row, 1), len(seq))) for row, seq in seqs.items()]
+        for feed, got in zip(feeds, runner.run(feeds), strict=True):
+            assert close(got, reference(feed.sequence, feed.keep)), (step, feed.row)
+        seqs = {row: seq + [(len(seq) * 7 + step) % 60, (len(seq) + step) % 60][:1 + step % 2]
+                for row, seq in seqs.items()}
+        if step == 3:
+            runner.release("b")
+            seqs.pop("b")
+            seqs["d"] = list(range(30, 42))
+        steps += 1
+    return steps
+
+
+@pytest.mark.parametrize("family", ["gemma3_text", "mistral"])
+def test_sliding_layers_attend_within_their_window(family):
+    model = _windowed(family)
+    runner = RaggedRunner(model, prefix_cache_bytes=0)
+    assert windowed_script(model, runner) == 6
+    full = _windowed(family)
+    full.config.sliding_window = 10_000  # the same weights, every layer seeing everything
+    for module in full.modules():
+        if getattr(module, "sliding_window", None):
+            module.sliding_window = 10_000
+    sequence = list(range(3, 23))
+    assert not close(RaggedRunner(full, prefix_cache_bytes=0).run([Feed("a", sequence, 1)])[0],
+                     runner.run([Feed("x", sequence, 1)])[0])  # the window matters on these rows

@@ -156,3 +156,15 @@ def test_a_step_run_ahead_from_device_tokens_equals_one_fed_from_the_host(model)
     assert ahead.tokens["b"] == seqs["b"]
     ahead.leave_static("a test")
     assert ahead.run_ahead(["a"], torch.tensor([3])) is None and ahead.tokens["a"] == seqs["a"]
+
+
+@pytest.mark.parametrize("family", ["gemma3_text", "mistral"])
+def test_static_steps_attend_within_a_sliding_window(family):
+    """Rows past a sliding window of 5 through the static steps (prefill and decode buckets, several
+    kept positions, rows joining and leaving), each step against the model's own forward."""
+    from tests.models.test_ragged import _windowed, windowed_script
+
+    model = _windowed(family)
+    runner = GraphRunner(model, buckets=SMALL, prefix_cache_bytes=0, graphs=False)
+    assert windowed_script(model, runner) == 6
+    assert runner.eager_steps > 0 and runner.static_off is None  # the static steps ran, not the ragged ones
