@@ -99,3 +99,25 @@ def test_calls_written_again_and_again_close_under_a_budget(gen):
     assert len(result.tokens) <= 60 and result.complete and result.closed_by_budget and result.tool_calls
     for call in result.tool_calls:
         jsonschema.validate(call.arguments, TOOLS[0]["function"]["parameters"])
+
+
+def test_rows_past_the_sliding_window_get_the_models_own_logits(gen):
+    """Gemma 3's local layers see 512 positions: a row of 600 tokens through the engine's runner (one
+    ragged step beside a shorter row, then a decode step) matches the model's own forward over the
+    whole sequence; attending over everything was 12 off there."""
+    import torch
+
+    from cdsl_struct.models.batch import Feed
+    from cdsl_struct.models.ragged import RaggedRunner
+
+    model = gen.engine.runner.model
+    assert model.config.sliding_window == 512
+    text = " ".join(f"Item {i} is a {('red', 'blue', 'green')[i % 3]} box." for i in range(150))
+    ids = list(gen.tokenizer(text)["input_ids"])[:603]
+    with torch.inference_mode():
+        reference = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float()
+    runner = RaggedRunner(model, prefix_cache_bytes=0)
+    long, short = runner.run([Feed("a", ids[:600], 4), Feed("b", ids[:300], 2)])
+    after = runner.run([Feed("a", ids, 3)])[0]
+    for got, want in ((long, reference[596:600]), (short, reference[298:300]), (after, reference[600:603])):
+        assert (got - want).abs().max() < 1e-3 and torch.equal(got.argmax(-1), want.argmax(-1))
