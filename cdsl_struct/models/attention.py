@@ -129,7 +129,10 @@ def row_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     count, length = query.shape[2], keys.shape[2]
     sdpa = torch.nn.functional.scaled_dot_product_attention
     if masked_gqa:
-        return sdpa(query, keys, values, attn_mask=causal, scale=scale, enable_gqa=group > 1)
+        # one query sees every position: no mask, which SDPA would otherwise turn into a float mask
+        # every call (bitwise the same: a mask of zeros adds nothing); most draft rows are such rows
+        mask = None if count == 1 and not windowed else causal
+        return sdpa(query, keys, values, attn_mask=mask, scale=scale, enable_gqa=group > 1)
     if not windowed and (count == 1 or count == length):
         return sdpa(query, keys, values, is_causal=count > 1, scale=scale, enable_gqa=group > 1)
     if group > 1:

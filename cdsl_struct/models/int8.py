@@ -61,8 +61,9 @@ class Int8Matrix:
         holds the anchors in them (``padded_like``), reused instead of a new one."""
         if self.float_weight is not None:
             return torch.nn.functional.linear(x, self.float_weight, self.bias)
-        # the largest magnitude, as abs().amax() (a max is exact) in one op
-        scale = torch.linalg.vector_norm(x, float("inf"), -1, keepdim=True).clamp_min_(_TINY)
+        # the largest magnitude (a max is exact). Not vector_norm(inf): one op, but a scalar loop per
+        # token here, 15-25x slower than these two at 16-40 tokens (AVX-512 EPYC, torch 2.13)
+        scale = x.abs().amax(-1, keepdim=True).clamp_min_(_TINY)
         if padded is None:
             padded = self.padded_like(x)
         torch.div(x, scale, out=padded[..., :self.width])

@@ -108,3 +108,28 @@ def test_the_int8_drafts_ragged_rows_equal_each_row_alone(smollm2, one_torch_thr
         alone = RaggedRunner(draft, prefix_cache_bytes=0)
         assert torch.equal(alone.run([Feed(name, ids, 2)])[0], first[index]), name
         assert torch.equal(alone.run([Feed(name, ids + [7, 8], 2)])[0], second[index]), name
+
+
+def test_the_int8_drafts_one_token_rows_equal_each_row_alone(smollm2, one_torch_thread):
+    """The int8 self-draft's one-token rows attend together (``AlignedDecodes``) and still give each
+    row bitwise its logits alone: rows on both sides of ``DECODE_ALIGN`` positions, a slot between
+    them that does not decode, a row feeding three tokens beside them."""
+    from cdsl_struct.models.ragged_plan import DECODE_ALIGN
+    from cdsl_struct.models.runner import self_draft
+
+    draft = self_draft(smollm2.model, "int8")
+    lengths = {"a": DECODE_ALIGN - 3, "b": 6, "c": DECODE_ALIGN + 1, "d": 2 * DECODE_ALIGN - 1}
+    rows = {name: [(13 * i + 5 * length) % 49152 for i in range(length)] for name, length in lengths.items()}
+    together = RaggedRunner(draft, prefix_cache_bytes=0)
+    alone = {name: RaggedRunner(draft, prefix_cache_bytes=0) for name in rows}
+    together.run([Feed(name, ids, 1) for name, ids in rows.items()])
+    for name, ids in rows.items():
+        alone[name].run([Feed(name, ids, 1)])
+    for step in range(4):
+        fed = {name: ids + [(step * 101 + len(ids)) % 49152] for name, ids in rows.items() if name != "b" or step % 2}
+        if step == 1:
+            fed["c"] = rows["c"] + [11, 12, 13]
+        out = together.run([Feed(name, ids, 1) for name, ids in fed.items()])
+        for (name, ids), logits in zip(fed.items(), out, strict=True):
+            assert torch.equal(alone[name].run([Feed(name, ids, 1)])[0], logits), (step, name)
+        rows.update(fed)

@@ -264,3 +264,44 @@ def test_sliding_layers_attend_within_their_window(family):
     sequence = list(range(3, 23))
     assert not close(RaggedRunner(full, prefix_cache_bytes=0).run([Feed("a", sequence, 1)])[0],
                      runner.run([Feed("x", sequence, 1)])[0])  # the window matters on these rows
+
+
+@pytest.mark.parametrize("family", ["gemma3_text", "mistral"])
+def test_rows_alone_attend_their_one_token_steps_together_within_the_window(family):
+    """A ``rows_alone`` runner's one-token rows attend in one batched matmul (``AlignedDecodes``): past
+    a sliding window, and beside rows that feed more, every step matches the model's own forward."""
+    model = _windowed(family)
+    runner = RaggedRunner(model, prefix_cache_bytes=0, rows_alone=True)
+    decoded = []
+    original = ragged_attention.decode_rows_attention
+
+    def counting(*args, **kwargs):
+        decoded.append(args[3].slots)
+        return original(*args, **kwargs)
+
+    ragged_attention.decode_rows_attention = counting
+    try:
+        assert windowed_script(model, runner) == 6
+    finally:
+        ragged_attention.decode_rows_attention = original
+    assert decoded and max(decoded) >= 3  # the script's one-token steps went through it, rows together
+
+
+def test_rows_alone_one_token_rows_across_the_alignment_match_solo_runs(model):
+    """One-token rows of lengths on both sides of ``DECODE_ALIGN``, a slot between them that does not
+    decode, and a row feeding three tokens beside them: every row as a solo run gives."""
+    from cdsl_struct.models.ragged_plan import DECODE_ALIGN
+
+    runner = RaggedRunner(model, prefix_cache_bytes=0, rows_alone=True)
+    lengths = {"a": DECODE_ALIGN - 2, "bb": 5, "ccc": DECODE_ALIGN + 3, "d": 2 * DECODE_ALIGN}
+    seqs = {name: [(7 * i + len(name) * length) % 50 for i in range(length)] for name, length in lengths.items()}
+    runner.run([Feed(row, seq, 1) for row, seq in seqs.items()])
+    assert runner.cache.length % DECODE_ALIGN == 0
+    for step in range(4):
+        fed = {row: seq + [(step * 11 + len(seq)) % 50] for row, seq in seqs.items() if row != "bb" or step % 2}
+        if step == 2:
+            fed["ccc"] = seqs["ccc"] + [1, 2, 3]
+        out = runner.run([Feed(row, seq, 1) for row, seq in fed.items()])
+        for (row, seq), logits in zip(fed.items(), out, strict=True):
+            assert close(logits, solo(model, seq)), (step, row)
+        seqs.update(fed)
