@@ -47,6 +47,7 @@ from .prefix_cache import PrefixCache
 from .ragged_attention import (
     RAGGED_ATTENTION,
     RAGGED_MODEL_TYPES,
+    aligned_decodes_hold,
     attention,
     grouped_by_sdpa,
     masked_gqa_safe,
@@ -102,6 +103,9 @@ class RaggedRunner:
         self.prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         self.rows_alone = token_scaled(model) if rows_alone is None else rows_alone
         self.device = model_device(model)
+        self.aligned = self.rows_alone and aligned_decodes_hold(self.device.type, torch.get_num_threads())
+        """Whether a ``rows_alone`` step's one-token rows attend together (``AlignedDecodes``), as
+        they do where that keeps a row's bits (checked once per device and thread count)."""
         self.cache = self._new_cache(getattr(model.config, "get_text_config", lambda: model.config)().num_hidden_layers)
         self.order: list[Hashable] = []  # slot -> row
         self.tokens: dict[Hashable, list[int]] = {}
@@ -179,7 +183,7 @@ class RaggedRunner:
 
     def _new_cache(self, layers: int) -> SlotCache:
         """An empty ``SlotCache``; aligned for the one-token rows of a ``rows_alone`` runner (``AlignedDecodes``)."""
-        return SlotCache(layers, align=DECODE_ALIGN if self.rows_alone else 1)
+        return SlotCache(layers, align=DECODE_ALIGN if self.aligned else 1)
 
     @torch.inference_mode()
     def fork(self, pairs: Sequence[tuple[Hashable, Hashable]]) -> None:
@@ -242,7 +246,7 @@ class RaggedRunner:
         ``[sum of keeps, vocab]``) and where each row's start in them."""
         start = time.perf_counter()
         plan, ids, positions, kept, offsets = plan_step(self.order, self.tokens, tails, keeps,
-                                                        self.cache, self.device, self.rows_alone)
+                                                        self.cache, self.device, self.rows_alone, self.aligned)
         if self.int8 is not None and self.compiled is None and not plan.grouped_rows:
             logits = self.int8(ids.to(self.device), positions, kept, plan, self.cache)
         else:

@@ -5,13 +5,17 @@ on its own (``ragged_attention``), the custom op a compiled step calls it throug
 
 from __future__ import annotations
 
+import functools
+import logging
 from typing import Any
 
 import torch
 
 from ..errors import CdslError
 from .attention import DECODE_ATTENTION, decode_attention, ragged_step, row_attention, within_window
-from .ragged_plan import AlignedDecodes, StepPlan
+from .ragged_plan import AlignedDecodes, StepPlan, aligned_decodes
+
+logger = logging.getLogger(__name__)
 
 #: model types whose attention runs through the attention interface and the cache's ``update``,
 #: each checked against solo runs (tests/models/test_ragged.py)
@@ -115,6 +119,28 @@ def decode_rows_attention(query: torch.Tensor, keys: torch.Tensor, values: torch
                            alpha=scale)
     attended = torch.bmm(scores.softmax(-1), values).view(slots, heads, dim)
     return attended if decodes.contiguous is not None else attended.index_select(0, decodes.rows)
+
+
+@functools.cache
+def aligned_decodes_hold(device_type: str, threads: int) -> bool:
+    """Whether rows attending together through ``decode_rows_attention`` give each row's bits alone on
+    this machine (its kernels, ``threads`` of them): rows of 1-200 positions on both sides of the
+    alignment, a slot between them that does not decode, each against itself alone. Where not, a
+    ``rows_alone`` runner attends every row on its own through SDPA (``RaggedRunner.aligned``)."""
+    generator = torch.Generator().manual_seed(0)
+    lengths = [1, 7, 63, 64, 65, 130, 200]
+    slots = len(lengths) + 1  # the last but one slot does not decode
+    keys, values = (torch.randn((slots, 3, 256, 64), generator=generator).to(device_type) for _ in range(2))
+    query = torch.randn((1, 9, slots, 64), generator=generator).to(device_type)
+    members = [(slot, slot, length) for slot, length in enumerate(lengths[:-1])] + [(slots - 1, slots - 1, 200)]
+    together = decode_rows_attention(query, keys, values, aligned_decodes(members, device_type), 0.125)
+    holds = all(torch.equal(decode_rows_attention(query, keys, values, aligned_decodes([member], device_type),
+                                                  0.125)[0], together[index])
+                for index, member in enumerate(members))
+    if not holds:
+        logger.info("one-token rows of int8 drafts attend row by row on %s at %d threads: together they did "
+                    "not give each row's bits alone", device_type, threads)
+    return holds
 
 
 def _decode_bias(decodes: AlignedDecodes, kv_heads: int, window: int | None, device: torch.device) -> torch.Tensor:

@@ -106,12 +106,13 @@ class StepPlan:
 
 def plan_step(order: Sequence[Hashable], tokens: dict[Hashable, list[int]], tails: dict[Hashable, list[int]],
               keeps: dict[Hashable, int], cache: SlotCache, device: Any,
-              rows_alone: bool = False) -> tuple[Any, ...]:
+              rows_alone: bool = False, aligned: bool = True) -> tuple[Any, ...]:
     """A ragged step's flat inputs and its ``StepPlan``, rows in slot order: ``order`` the rows by
     slot, ``tokens`` what the cache holds of each, ``tails`` what each feeds this step and ``keeps``
     how many of its last positions' logits it keeps. Sizes ``cache`` for the step first (the plan's
     mask spans its capacity). ``rows_alone``: every row attends on its own, whatever the step's size
-    (the rows feeding one token in ``AlignedDecodes``). Returns ``(plan, ids, positions, kept, offsets)``."""
+    (with ``aligned``, the rows feeding one token in ``AlignedDecodes``; the cache's capacity then a
+    multiple of ``DECODE_ALIGN``). Returns ``(plan, ids, positions, kept, offsets)``."""
     ids: list[int] = []
     slots: list[int] = []
     positions: list[int] = []
@@ -135,7 +136,7 @@ def plan_step(order: Sequence[Hashable], tokens: dict[Hashable, list[int]], tail
         longest = max(longest, held + len(tail))
         if len(tail) <= GROUPED_QUERIES and not solo:
             grouped.append((slot, first, len(tail), held))
-        elif rows_alone and len(tail) == 1:
+        elif rows_alone and aligned and len(tail) == 1:
             decodes.append((slot, first, held + 1))
         else:
             length = held + len(tail)
@@ -168,7 +169,7 @@ def plan_step(order: Sequence[Hashable], tokens: dict[Hashable, list[int]], tail
         grouped_mask=mask, grouped_limit=limit,
         grouped_real=_unless_in_order(real, device, len(queries)), grouped_tokens=grouped_tokens,
         long_rows=long_rows, cache_shape=(cache.rows, cache.length),
-        decodes=_aligned_decodes(decodes, device) if decodes else None)
+        decodes=aligned_decodes(decodes, device) if decodes else None)
     return (plan, torch.tensor([ids]), torch.tensor([positions], device=device),
             torch.tensor(kept, device=device), offsets)
 
@@ -180,7 +181,7 @@ def _unless_in_order(indices: list[int], device: Any, total: int) -> torch.Tenso
     return torch.tensor(indices, dtype=torch.long, device=device)
 
 
-def _aligned_decodes(decodes: list[tuple[int, int, int]], device: Any) -> AlignedDecodes:
+def aligned_decodes(decodes: list[tuple[int, int, int]], device: Any) -> AlignedDecodes:
     """``AlignedDecodes`` of the one-token rows ``(slot, flat token, length after the step)``, in slot order."""
     first_slot, last_slot = decodes[0][0], decodes[-1][0]
     lengths = [1] * (last_slot + 1 - first_slot)
