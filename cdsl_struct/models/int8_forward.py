@@ -19,8 +19,7 @@ SiLU MLP) whose linear layers ``quantise_linears`` made token-scaled int8:
 Every one of these is exact: the same values in the same order of operations, so a row's logits
 are bitwise those of the model's own forward through the ragged runner (held by
 ``tests/models/test_int8_forward.py``), and CDSL writes the same text, only sooner. The attention
-is the ragged runner's own (``rows_alone``): a row feeding several tokens attends alone through
-SDPA, the rows feeding one token attend together (``ragged_plan.AlignedDecodes``), batch-invariant.
+is the ragged runner's own per-row SDPA (``rows_alone``: the int8 draft's rows attend alone).
 
 ``int8_forward(model)`` gives one where the model qualifies, else None (the model's own forward
 runs). ``CDSL_INT8_FORWARD=0`` turns it off.
@@ -36,7 +35,7 @@ import torch
 
 from .attention import row_attention, within_window
 from .int8 import Int8Matrix, TokenScaledInt8Linear
-from .ragged_attention import decode_rows_attention, masked_gqa_safe
+from .ragged_attention import masked_gqa_safe
 from .ragged_plan import StepPlan
 
 #: model types whose decoder layers this forward reproduces
@@ -130,34 +129,25 @@ class Int8Forward:
 
     def _attend(self, index: int, window: int | None, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 plan: StepPlan, cache: Any, masked_gqa: bool) -> torch.Tensor:
-        """Write layer ``index``'s new keys and values and attend: the one-token rows together
-        (``decode_rows_attention``), each longer row on its own; ``[N, heads * dim]``."""
+        """Write layer ``index``'s new keys and values, attend each row on its own; ``[N, heads * dim]``."""
         keys, values = cache.layer(index, key)
-        rows, decodes = plan.long_rows, plan.decodes
-        written = [(slot, first, count, length) for slot, first, count, length, _ in rows]
-        if decodes is not None:
-            written += [(slot, token, 1, length) for slot, token, length in decodes.members]
-        if len(written) <= 2:
-            for slot, first, count, length in written:
+        rows = plan.long_rows
+        if len(rows) <= 2:
+            for slot, first, count, length, _ in rows:
                 keys[slot, :, length - count:length] = key[0, :, first:first + count]
                 values[slot, :, length - count:length] = value[0, :, first:first + count]
         else:
             keys[plan.slots, :, plan.positions] = key[0].transpose(0, 1)
             values[plan.slots, :, plan.positions] = value[0].transpose(0, 1)
-        together = None if decodes is None else decode_rows_attention(query, keys, values, decodes, self.scale, window)
-        if not rows:
-            return together.view(together.shape[0], -1)
         group = self.heads // self.kv_heads
-        out = query.new_empty((query.shape[2], self.heads, self.head_dim))
-        if together is not None:
-            out[decodes.tokens] = together
+        parts = []
         for slot, first, count, length, causal in rows:
             sliding = within_window(causal, window)
-            out[first:first + count] = row_attention(
-                query[:, :, first:first + count], keys[slot:slot + 1, :, :length], values[slot:slot + 1, :, :length],
-                causal if sliding is None else sliding, self.scale, group, masked_gqa,
-                windowed=sliding is not None)[0].transpose(0, 1)
-        return out.view(out.shape[0], -1)
+            parts.append(row_attention(query[:, :, first:first + count], keys[slot:slot + 1, :, :length],
+                                       values[slot:slot + 1, :, :length], causal if sliding is None else sliding,
+                                       self.scale, group, masked_gqa, windowed=sliding is not None)[0].transpose(0, 1))
+        out = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return out.reshape(out.shape[0], -1)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

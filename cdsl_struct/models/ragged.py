@@ -47,7 +47,6 @@ from .prefix_cache import PrefixCache
 from .ragged_attention import (
     RAGGED_ATTENTION,
     RAGGED_MODEL_TYPES,
-    aligned_decodes_hold,
     attention,
     grouped_by_sdpa,
     masked_gqa_safe,
@@ -56,7 +55,7 @@ from .ragged_attention import (
     supports_ragged,
     use_ragged_attention,
 )
-from .ragged_plan import DECODE_ALIGN, GROUPED_QUERIES, SOLO_ROWS, StepPlan, plan_step
+from .ragged_plan import GROUPED_QUERIES, SOLO_ROWS, StepPlan, plan_step
 from .slot_cache import MIN_SPARE_POSITIONS, MIN_SPARE_ROWS, SlotCache
 
 __all__ = ["GROUPED_QUERIES", "MIN_SPARE_POSITIONS", "MIN_SPARE_ROWS", "RAGGED_ATTENTION", "RAGGED_MODEL_TYPES",
@@ -79,13 +78,11 @@ class RaggedRunner:
     positions computed, not copied from the prefix cache), ``seconds``, ``attended_slots``
     and ``attended_valid`` (KV slots attention read, and those holding a row's token).
 
-    ``rows_alone``: every row attends as it would in a step of its own (``plan_step``): a row feeding
-    several tokens through SDPA on its own slot, the rows feeding one token in one batched matmul
-    whose padding cannot change a row's bits (``AlignedDecodes``). By default where the model's
-    linear layers are token-scaled int8 (``models.int8``), whose rows do not depend on their batch
-    either: a row's logits are then bitwise the same in any batch (int8 rounding would turn the
-    grouped attention's float-order differences into different drafts). Elsewhere the grouped
-    attention is cheaper.
+    ``rows_alone``: every row attends on its own in every step (``plan_step``), as it would in a step
+    of its own; by default, where the model's linear layers are token-scaled int8 (``models.int8``),
+    whose rows do not depend on their batch either: a row's logits are then bitwise the same in any
+    batch (int8 rounding would turn the grouped attention's float-order differences into different
+    drafts). Elsewhere the grouped attention is cheaper.
     """
 
     #: no padding in the fed tokens, and a joining row's prompt rides in the step's own pass
@@ -103,10 +100,7 @@ class RaggedRunner:
         self.prefixes = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         self.rows_alone = token_scaled(model) if rows_alone is None else rows_alone
         self.device = model_device(model)
-        self.aligned = self.rows_alone and aligned_decodes_hold(self.device.type, torch.get_num_threads())
-        """Whether a ``rows_alone`` step's one-token rows attend together (``AlignedDecodes``), as
-        they do where that keeps a row's bits (checked once per device and thread count)."""
-        self.cache = self._new_cache(getattr(model.config, "get_text_config", lambda: model.config)().num_hidden_layers)
+        self.cache = SlotCache(getattr(model.config, "get_text_config", lambda: model.config)().num_hidden_layers)
         self.order: list[Hashable] = []  # slot -> row
         self.tokens: dict[Hashable, list[int]] = {}
         self.passes = 0
@@ -179,11 +173,7 @@ class RaggedRunner:
 
     def _idle(self) -> None:
         """The last row left: an idle runner holds no cache."""
-        self.cache = self._new_cache(len(self.cache.keys))
-
-    def _new_cache(self, layers: int) -> SlotCache:
-        """An empty ``SlotCache``; aligned for the one-token rows of a ``rows_alone`` runner (``AlignedDecodes``)."""
-        return SlotCache(layers, align=DECODE_ALIGN if self.aligned else 1)
+        self.cache = SlotCache(len(self.cache.keys))
 
     @torch.inference_mode()
     def fork(self, pairs: Sequence[tuple[Hashable, Hashable]]) -> None:
@@ -246,7 +236,7 @@ class RaggedRunner:
         ``[sum of keeps, vocab]``) and where each row's start in them."""
         start = time.perf_counter()
         plan, ids, positions, kept, offsets = plan_step(self.order, self.tokens, tails, keeps,
-                                                        self.cache, self.device, self.rows_alone, self.aligned)
+                                                        self.cache, self.device, self.rows_alone)
         if self.int8 is not None and self.compiled is None and not plan.grouped_rows:
             logits = self.int8(ids.to(self.device), positions, kept, plan, self.cache)
         else:
@@ -257,12 +247,9 @@ class RaggedRunner:
         self.passes += 1
         self.positions += fed
         self.padded_positions += fed
-        read = valid = sum(length for _, _, _, length, _ in plan.long_rows)
-        if plan.decodes is not None:
-            read += plan.decodes.slots * plan.decodes.length
-            valid += plan.decodes.valid
-        self.attended_slots += plan.grouped_rows * self.cache.length + read
-        self.attended_valid += plan.grouped_valid + valid
+        solo = sum(length for _, _, _, length, _ in plan.long_rows)
+        self.attended_slots += plan.grouped_rows * self.cache.length + solo
+        self.attended_valid += plan.grouped_valid + solo
         self.seconds += time.perf_counter() - start
         return logits[0].float(), offsets
 

@@ -5,17 +5,13 @@ on its own (``ragged_attention``), the custom op a compiled step calls it throug
 
 from __future__ import annotations
 
-import functools
-import logging
 from typing import Any
 
 import torch
 
 from ..errors import CdslError
 from .attention import DECODE_ATTENTION, decode_attention, ragged_step, row_attention, within_window
-from .ragged_plan import AlignedDecodes, StepPlan, aligned_decodes
-
-logger = logging.getLogger(__name__)
+from .ragged_plan import StepPlan
 
 #: model types whose attention runs through the attention interface and the cache's ``update``,
 #: each checked against solo runs (tests/models/test_ragged.py)
@@ -93,69 +89,7 @@ def ragged_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value:
         attended = row_attention(row_query, row_keys, row_values, causal if sliding is None else sliding, scale,
                                  group, masked_gqa=masked_gqa_safe(query.device), windowed=sliding is not None)
         out[first:first + count] = attended[0].transpose(0, 1).to(out.dtype)
-    if plan.decodes is not None:
-        out[plan.decodes.tokens] = decode_rows_attention(query, key, value, plan.decodes, scale, window).to(out.dtype)
     return out.unsqueeze(0)
-
-
-def decode_rows_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, decodes: AlignedDecodes,
-                          scale: float, window: int | None = None) -> torch.Tensor:
-    """The attention of a ``rows_alone`` step's one-token rows, together and batch-invariant
-    (``AlignedDecodes``): ``query`` the step's ``[1, heads, N, dim]``, ``keys``/``values`` a layer's
-    ``SlotCache`` buffers, new keys written. ``[D, heads, dim]`` in float32, rows in flat-token order."""
-    heads, dim, kv_heads = query.shape[1], query.shape[3], keys.shape[1]
-    slots, length, first = decodes.slots, decodes.length, decodes.first_slot
-    if decodes.contiguous is not None:
-        start, count = decodes.contiguous
-        placed = query[0, :, start:start + count].transpose(0, 1)
-    else:  # slots in the range that do not decode get zero queries; their rows are dropped
-        placed = query.new_zeros((slots, heads, dim))
-        placed[decodes.rows] = query[0].index_select(1, decodes.tokens).transpose(0, 1)
-    # head h = kv * group + g, as repeat_kv: a key/value head's queries are the rows of one matmul
-    placed = placed.float().reshape(slots * kv_heads, heads // kv_heads, dim)
-    keys = keys[first:first + slots, :, :length].float().reshape(slots * kv_heads, length, dim)
-    values = values[first:first + slots, :, :length].float().reshape(slots * kv_heads, length, dim)
-    scores = torch.baddbmm(_decode_bias(decodes, kv_heads, window, keys.device), placed, keys.transpose(1, 2),
-                           alpha=scale)
-    attended = torch.bmm(scores.softmax(-1), values).view(slots, heads, dim)
-    return attended if decodes.contiguous is not None else attended.index_select(0, decodes.rows)
-
-
-@functools.cache
-def aligned_decodes_hold(device_type: str, threads: int) -> bool:
-    """Whether rows attending together through ``decode_rows_attention`` give each row's bits alone on
-    this machine (its kernels, ``threads`` of them): rows of 1-200 positions on both sides of the
-    alignment, a slot between them that does not decode, each against itself alone. Where not, a
-    ``rows_alone`` runner attends every row on its own through SDPA (``RaggedRunner.aligned``)."""
-    generator = torch.Generator().manual_seed(0)
-    lengths = [1, 7, 63, 64, 65, 130, 200]
-    slots = len(lengths) + 1  # the last but one slot does not decode
-    keys, values = (torch.randn((slots, 3, 256, 64), generator=generator).to(device_type) for _ in range(2))
-    query = torch.randn((1, 9, slots, 64), generator=generator).to(device_type)
-    members = [(slot, slot, length) for slot, length in enumerate(lengths[:-1])] + [(slots - 1, slots - 1, 200)]
-    together = decode_rows_attention(query, keys, values, aligned_decodes(members, device_type), 0.125)
-    holds = all(torch.equal(decode_rows_attention(query, keys, values, aligned_decodes([member], device_type),
-                                                  0.125)[0], together[index])
-                for index, member in enumerate(members))
-    if not holds:
-        logger.info("one-token rows of int8 drafts attend row by row on %s at %d threads: together they did "
-                    "not give each row's bits alone", device_type, threads)
-    return holds
-
-
-def _decode_bias(decodes: AlignedDecodes, kv_heads: int, window: int | None, device: torch.device) -> torch.Tensor:
-    """``decodes``' mask as a float32 additive bias (cached on it): each read slot sees its first
-    ``lengths`` positions, and of those the last ``window`` when a sliding window is given."""
-    key = (kv_heads, window or 0)
-    bias = decodes.bias.get(key)
-    if bias is None:
-        positions, lengths = torch.arange(decodes.length)[None, :], torch.tensor(decodes.lengths)[:, None]
-        seen = positions < lengths
-        if window:  # the query at position q sees q - window < p <= q
-            seen &= positions > lengths - 1 - window
-        bias = torch.zeros(seen.shape).masked_fill_(~seen, float("-inf"))
-        bias = decodes.bias[key] = bias.repeat_interleave(kv_heads, 0).unsqueeze(1).to(device)
-    return bias
 
 
 def grouped_by_sdpa(device: torch.device) -> bool:

@@ -23,14 +23,11 @@ class SlotCache:
     write through ``update`` during a ragged step (not a transformers ``Cache``: it lives in one
     ``RaggedRunner``, which sizes it and moves rows in it)."""
 
-    def __init__(self, layers: int, align: int = 1) -> None:
+    def __init__(self, layers: int) -> None:
         self.keys: list[torch.Tensor | None] = [None] * layers
         self.values: list[torch.Tensor | None] = [None] * layers
         self.rows = 0
         self.length = 0
-        self.align = align
-        """The positions a slot holds are a multiple of this (``ragged_plan.AlignedDecodes`` reads
-        a row's keys up to its length rounded up to it)."""
 
     def reserve(self, rows: int, length: int) -> None:
         """Make every layer hold at least ``rows`` slots of ``length`` positions; shrink the positions
@@ -41,7 +38,7 @@ class SlotCache:
         if rows > self.rows:
             self.rows = self.grown(rows, MIN_SPARE_ROWS)
         if length > self.length or shrink:
-            self.length = -(-self.grown(length, MIN_SPARE_POSITIONS, 8) // self.align) * self.align
+            self.length = self.grown(length, MIN_SPARE_POSITIONS, 8)
         for index, (keys, values) in enumerate(zip(self.keys, self.values, strict=True)):
             if keys is not None:
                 self.keys[index], self.values[index] = self._resized(keys), self._resized(values)
