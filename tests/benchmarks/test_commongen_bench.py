@@ -149,9 +149,11 @@ def test_commongen_cli_writes_the_report(tmp_path, capsys):
 
 def test_a_concept_set_that_looped_now_ends_in_a_sentence(smollm2, one_torch_thread, dynamic_int8_draft):
     """``ball, golfer, hole``, on the int8 draft this loop was found with (torch's dynamic
-    quantisation): CDSL's guided draft lists the keywords, and once they are all written the reward
-    no longer moves, so every lookahead of the draft's cycle (" a golf,") is accepted by a target
-    that agrees with it, until ``max_tokens``. The sentence guard ends the cycle."""
+    quantisation, on fbgemm's AVX2 kernels): CDSL's guided draft lists the keywords, and once they
+    are all written the reward no longer moves, so every lookahead of the draft's cycle (" a golf,")
+    is accepted by a target that agrees with it, until ``max_tokens``. The sentence guard ends the
+    cycle. Where the CPU's kernels (AVX-512 VNNI's) round the draft otherwise and it never cycles,
+    the guard must change nothing."""
     from benchmarks.commongen import PROMPT, make_strategy
     from benchmarks.sentence import LOOSE_SENTENCE, repeated_block
     from cdsl_struct import Regex, compile
@@ -171,6 +173,9 @@ def test_a_concept_set_that_looped_now_ends_in_a_sentence(smollm2, one_torch_thr
         result = decode(target, compiled, prompt, max_tokens=config.max_tokens,
                         strategy=make_strategy("cdsl", reward, draft, config))
         texts[guard] = (result.finish_reason, repeated_block(result.text), reward.covered(result.text), result.text)
-    assert texts[False][:2] == ("length", True), texts[False]
     reason, looped, covered, text = texts[True]
     assert reason == "stop" and not looped and len(covered) == 3, text
+    if texts[False][1]:  # the draft cycled: until max_tokens without the guard
+        assert texts[False][0] == "length", texts[False]
+    else:
+        assert texts[False] == texts[True]

@@ -85,3 +85,21 @@ def test_a_bf16_batch_decodes_as_its_rows_do_alone(any_size):
         assert ours.shape == theirs.shape == (3, 50)
         assert torch.allclose(ours, theirs, atol=5e-2, rtol=5e-2)
     assert all(torch.isfinite(logits).all() for logits in batched)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_one_query_row_attends_unmasked_with_the_masks_bits(dtype):
+    """``row_attention`` sends SDPA no mask for one query without a window (the CPU's masked path):
+    bitwise what the all-true mask gives, at any length; a windowed row keeps its mask."""
+    torch.manual_seed(0)
+    for length in (1, 7, 64, 65, 300, 513, 1100):
+        query = torch.randn(1, 9, 1, 64, dtype=dtype)
+        keys, values = torch.randn(1, 3, length, 64, dtype=dtype), torch.randn(1, 3, length, 64, dtype=dtype)
+        causal = torch.ones(1, length, dtype=torch.bool)
+        masked = torch.nn.functional.scaled_dot_product_attention(query, keys, values, attn_mask=causal, scale=0.125,
+                                                                  enable_gqa=True)
+        assert torch.equal(attention.row_attention(query, keys, values, causal, 0.125, 3, True), masked), length
+    window = causal.clone()
+    window[:, :length - 4] = False
+    windowed = attention.row_attention(query, keys, values, window, 0.125, 3, True, windowed=True)
+    assert not torch.equal(windowed, masked)
