@@ -132,3 +132,36 @@ def test_the_int8_drafts_one_token_rows_equal_each_row_alone(smollm2, one_torch_
         for (name, ids), logits in zip(fed.items(), out, strict=True):
             assert torch.equal(alone[name].run([Feed(name, ids, 1)])[0], logits), (step, name)
         rows.update(fed)
+
+
+def test_activations_keep_all_8_bits_only_where_fbgemm_adds_them_exactly(monkeypatch):
+    """``full_range``: 8-bit activations where fbgemm's product of saturating pairs is exact (AVX-512
+    VNNI), 7 where its kernels add pairs in 16 bits (AVX2); a kernel that saturates is caught, and
+    ``Int8Matrix`` asks for what the check found. With 8 bits a product is closer to the float one."""
+    from cdsl_struct.models import int8
+
+    real, check = torch.ops.quantized.linear_dynamic, int8.full_range.__wrapped__
+    asked = []
+
+    def spy(x, packed, reduce_range):
+        asked.append(reduce_range)
+        return real(x, packed, reduce_range)
+
+    torch.manual_seed(0)
+    weight, x = torch.randn(96, 64) * 0.05, torch.randn(8, 64)
+    matrix, full = int8.Int8Matrix(weight, None), int8.full_range()  # checked once, before the spy
+    monkeypatch.setattr(torch.ops.quantized, "linear_dynamic", spy)
+    out = matrix(x)
+    assert asked == [not full]
+    if full:
+        monkeypatch.setattr(int8, "full_range", lambda: False)
+        seven = matrix(x)
+        exact = x @ weight.T
+        assert (out - exact).abs().mean() < 0.75 * (seven - exact).abs().mean()
+
+    def saturating(x, packed, reduce_range):  # pairs of u8 x s8 products clamped to 16 bits, as AVX2's
+        out = real(x, packed, reduce_range)
+        return out if reduce_range else out.clamp(max=32767 * x.shape[-1] / 2 - 1)
+
+    monkeypatch.setattr(torch.ops.quantized, "linear_dynamic", saturating)
+    assert not check()
