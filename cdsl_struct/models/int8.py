@@ -60,7 +60,8 @@ def full_range() -> bool:
     activations = torch.full((1, width), float(_SATURATING[0]))
     activations[0, 0] = 0.0  # the range [0, 255]: every other activation quantises to 255 exactly
     out = torch.ops.quantized.linear_dynamic(activations, packed, False)
-    return abs(float(out[0, 0]) - (width - 1) * _SATURATING[0] * _SATURATING[1]) < 1e-3 * width * 255 * 127
+    pair = _SATURATING[0] * _SATURATING[1]
+    return abs(float(out[0, 0]) - (width - 1) * pair) < 1e-3 * width * pair  # saturated: about half
 
 
 class Int8Matrix:
