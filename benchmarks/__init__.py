@@ -11,6 +11,8 @@ HARNESSES: dict[str, tuple[str, str]] = {
     "commongen": ("benchmarks.commongen", "CommonGen keyword coverage: greedy vs CDLH vs CDSL"),
     "commongen-sweep": ("benchmarks.sensitivity", "CDSL sensitivity on the tune split: a_t, r_t, d vs speedup"),
     "commongen-merge": ("benchmarks.commongen_merge", "one CommonGen report from the JSON reports of its shards"),
+    "draft-agreement": ("benchmarks.draft_agreement",
+                        "how often a self-draft's argmax is the target's, teacher-forced on a report's sentences"),
     "json-keywords": ("benchmarks.json_keywords", "hard + soft: JSON-schema outputs whose strings must cover keywords"),
     "keyword-load": ("benchmarks.keyword_load", "keyword-constrained requests one at a time vs all at once"),
     "keyword-prompts": ("benchmarks.keyword_prompts",

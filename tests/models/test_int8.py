@@ -165,3 +165,8 @@ def test_activations_keep_all_8_bits_only_where_fbgemm_adds_them_exactly(monkeyp
 
     monkeypatch.setattr(torch.ops.quantized, "linear_dynamic", saturating)
     assert not check()
+    monkeypatch.setattr(torch.ops.quantized, "linear_dynamic", real)
+    monkeypatch.setenv("CDSL_INT8_BITS", "7")  # the switch: 7 bits whatever the kernels
+    assert not check()
+    monkeypatch.delenv("CDSL_INT8_BITS")
+    assert check() == full
