@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .packed import SIBLINGS, unpack_linears
+from .packed import SIBLINGS, PackedLinear, unpack_linears
 
 #: the smallest scale a token is divided by (an all-zero token stays zero)
 _TINY = 1e-12
@@ -73,13 +73,15 @@ class Int8Matrix:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         weight = weight.detach().float()
         rows, self.width = weight.shape
-        padded = torch.zeros(rows, self.width + 2)
-        padded[:, :self.width] = weight
-        scales = (padded.abs().amax(1) / 127).clamp_min(_TINY).double()
+        # per output channel, the largest magnitude as max(max, -min): no |weight| copy of the matrix
+        largest = torch.maximum(weight.amax(1), weight.amin(1).neg())
+        scales = (largest / 127).clamp_min(_TINY).double()
+        zeros = torch.zeros(rows, dtype=torch.long)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch's notice on quantised tensors; fbgemm's kernels take them
-            quantised = torch.quantize_per_channel(padded, scales, torch.zeros(rows, dtype=torch.long), 0,
-                                                   torch.qint8)
+            integers = torch.zeros(rows, self.width + 2, dtype=torch.int8)  # the anchors' columns: zero weights
+            integers[:, :self.width] = torch.quantize_per_channel(weight, scales, zeros, 0, torch.qint8).int_repr()
+            quantised = torch._make_per_channel_quantized_tensor(integers, scales, zeros, 0)
         self.packed = torch.ops.quantized.linear_prepack(quantised, None)
         self.bias = None if bias is None else bias.detach().float()
         self.anchors = torch.tensor([-1.0, 1.0])
@@ -139,7 +141,7 @@ class TokenScaledInt8Linear(nn.Module):
 def quantise_linears(model: Any) -> Any:
     """A float32 copy of ``model`` whose linear layers are ``TokenScaledInt8Linear`` (CPU only);
     ``model`` itself is unchanged."""
-    plain = copy.deepcopy(model).float()  # the int8 kernels take float32 activations (a bf16 target too)
+    plain = _copy_but_linears(model)
     unpack_linears(plain)
     done: set[int] = set()
     for module in list(plain.modules()):
@@ -153,7 +155,20 @@ def quantise_linears(model: Any) -> Any:
             if type(child) is nn.Linear and id(child) not in done:
                 setattr(module, name, TokenScaledInt8Linear(Int8Matrix(child.weight, child.bias),
                                                             (0, child.out_features)))
-    return plain.eval()
+    # the int8 kernels take float32 activations (a bf16 target too); no parameter is shared with
+    # ``model`` any more, so converting in place cannot reach it
+    return plain.float().eval()
+
+
+def _copy_but_linears(model: nn.Module) -> nn.Module:
+    """A deep copy of ``model`` whose linear layers hold ``model``'s own weights and biases, not
+    copies: they are replaced by int8 matrices next, so copying them would only cost time and
+    memory. A parameter a linear layer shares with another module (tied input embeddings) is copied."""
+    replaced = [m for m in model.modules() if type(m) in (nn.Linear, PackedLinear)]
+    elsewhere = {id(p) for m in model.modules() if type(m) not in (nn.Linear, PackedLinear)
+                 for p in m.parameters(recurse=False)}
+    memo = {id(p): p for m in replaced for p in m.parameters(recurse=False) if id(p) not in elsewhere}
+    return copy.deepcopy(model, memo)
 
 
 @contextlib.contextmanager
@@ -166,7 +181,8 @@ def dequantised(model: Any) -> Iterator[None]:
     try:
         for matrix in matrices.values():
             weight, _ = torch.ops.quantized.linear_unpack(matrix.packed)
-            matrix.float_weight = weight.dequantize()[:, :matrix.width].contiguous()
+            scales = weight.q_per_channel_scales().float().unsqueeze(1)  # zero points are all zero
+            matrix.float_weight = weight.int_repr()[:, :matrix.width].float().mul_(scales)  # one float copy
         yield
     finally:
         for matrix in matrices.values():

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from cdsl_struct.models.batch import Feed
-from cdsl_struct.models.int8 import TokenScaledInt8Linear, dequantised, quantise_linears, token_scaled
+from cdsl_struct.models.int8 import Int8Matrix, TokenScaledInt8Linear, dequantised, quantise_linears, token_scaled
 from cdsl_struct.models.ragged import RaggedRunner
 from cdsl_struct.models.self_check import check_ragged
 
@@ -76,6 +76,39 @@ def test_the_model_quantised_is_left_as_it_was(block):
     assert token_scaled(quantised) and not token_scaled(block)
     assert all(type(m) is nn.Linear for m in (block.q_proj, block.k_proj, block.v_proj, block.o_proj))
     assert all(torch.equal(p, before[name]) for name, p in block.named_parameters())
+
+
+def test_a_bf16_model_with_tied_embeddings_keeps_its_weights_and_dtype():
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    torch.manual_seed(2)
+    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    before = {name: p.clone() for name, p in model.named_parameters()}
+    quantised = quantise_linears(model)
+    assert all(p.dtype == torch.bfloat16 and torch.equal(p, before[name]) for name, p in model.named_parameters())
+    embedding = quantised.model.embed_tokens.weight
+    assert embedding.dtype == torch.float32 and embedding.data_ptr() != model.model.embed_tokens.weight.data_ptr()
+    assert torch.equal(embedding, before["model.embed_tokens.weight"].float())
+    assert type(quantised.lm_head) is TokenScaledInt8Linear and type(model.lm_head) is not TokenScaledInt8Linear
+
+
+def test_the_int8_weights_are_each_channels_rounding_with_zero_anchor_columns():
+    torch.manual_seed(3)
+    weight = torch.randn(40, 24) * torch.logspace(-2, 1, 40).unsqueeze(1)
+    weight[7] = 0.0  # an all-zero channel keeps the smallest scale
+    matrix = Int8Matrix(weight.to(torch.bfloat16), None)
+    packed, _ = torch.ops.quantized.linear_unpack(matrix.packed)
+    reference = weight.to(torch.bfloat16).float()
+    scales = (reference.abs().amax(1) / 127).clamp_min(1e-12).double()
+    padded = torch.cat([reference, torch.zeros(40, 2)], 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = torch.quantize_per_channel(padded, scales, torch.zeros(40, dtype=torch.long), 0, torch.qint8)
+    assert torch.equal(packed.int_repr(), expected.int_repr())
+    assert torch.equal(packed.q_per_channel_scales(), expected.q_per_channel_scales())
+    assert packed.int_repr()[:, 24:].eq(0).all() and packed.int_repr()[7].eq(0).all()
 
 
 def test_dequantised_runs_the_layers_in_float_and_goes_back(block):
