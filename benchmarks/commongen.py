@@ -43,6 +43,7 @@ from cdsl_struct.decoding import (
     WordLoopGuard,
 )
 from cdsl_struct.models import ModelRunner, batch_runner, load_model, self_draft
+from cdsl_struct.prompts import chat_header
 from cdsl_struct.rewards import KeywordCoverage, list_shaped
 
 from . import quality
@@ -178,6 +179,7 @@ class CommonGenBench:
         tokenizer = self.loaded.tokenizer
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.loaded.eos_token_ids[0]
         engine = BatchEngine(batch_runner(self.loaded.model, pad_token_id=pad, prefix_cache_bytes=0))
+        engine.programs.share_prefix(chat_header(tokenizer))  # as Generator does: CDSL's draft prefills it once
         try:
             return self._run(engine, config, progress, checkpoint)
         finally:

@@ -8,7 +8,10 @@ sentence the two argmaxes are compared. The sentence is re-tokenised from its te
 may differ from the ones first sampled where a text has several tokenisations.
 
 ``CDSL_INT8_BITS=7`` keeps the int8 draft's activations on 7 bits where 8 would be exact: run
-the harness with and without it to compare the two.
+the harness with and without it to compare the two. ``--draft-path`` feeds the draft as the engine
+does: ``runner`` through a ``RaggedRunner`` (the int8 draft's own step), ``shared-header`` the same
+with the chat template's header prefilled once in a pass of its own and copied into each row
+(``RaggedRunner.share_prefix``); the default, ``forward``, calls the model's own forward.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ import torch
 
 from cdsl_struct.bench import write_report
 from cdsl_struct.models import load_model, self_draft
+from cdsl_struct.models.batch import Feed
+from cdsl_struct.models.ragged import RaggedRunner
+from cdsl_struct.prompts import chat_header
 
 from .commongen import PROMPT
 
@@ -42,20 +48,39 @@ def argmaxes(model: Any, prompt: list[int], tokens: list[int]) -> torch.Tensor:
     return logits.float().argmax(-1).cpu()
 
 
-def run_agreement(sentences: list[dict[str, Any]], model: str = "smollm2", draft: str = "int8") -> dict[str, Any]:
-    """Agreement of ``draft`` (a ``self_draft`` kind) with ``model`` over ``sentences``; the report."""
+def runner_argmaxes(runner: RaggedRunner, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """``argmaxes`` through ``runner``: the sentence after its prompt fed as one new row, released after."""
+    logits = runner.run([Feed("sentence", prompt + tokens[:-1], len(tokens))])[0]
+    runner.release("sentence")
+    return logits.float().argmax(-1).cpu()
+
+
+DRAFT_PATHS = ("forward", "runner", "shared-header")
+
+
+def run_agreement(sentences: list[dict[str, Any]], model: str = "smollm2", draft: str = "int8",
+                  draft_path: str = "forward") -> dict[str, Any]:
+    """Agreement of ``draft`` (a ``self_draft`` kind, fed by ``draft_path``) with ``model`` over
+    ``sentences``; the report."""
     loaded = load_model(model)
     drafted = self_draft(loaded.model, draft)
+    if draft_path == "forward":
+        draft_argmaxes = lambda prompt, tokens: argmaxes(drafted, prompt, tokens)  # noqa: E731
+    else:
+        runner = RaggedRunner(drafted, prefix_cache_bytes=0)
+        if draft_path == "shared-header":
+            runner.share_prefix(chat_header(loaded.tokenizer))
+        draft_argmaxes = lambda prompt, tokens: runner_argmaxes(runner, prompt, tokens)  # noqa: E731
     rows, agreed, total = [], 0, 0
     for sentence in sentences:
         prompt, tokens = sentence_ids(loaded.tokenizer, sentence)
         if not tokens:
             continue
-        same = int((argmaxes(loaded.model, prompt, tokens) == argmaxes(drafted, prompt, tokens)).sum())
+        same = int((argmaxes(loaded.model, prompt, tokens) == draft_argmaxes(prompt, tokens)).sum())
         rows.append({"text": sentence["text"], "tokens": len(tokens), "agreed": same})
         agreed, total = agreed + same, total + len(tokens)
     summary = {"sentences": len(rows), "tokens": total, "agreement": round(agreed / max(total, 1), 4),
-               "model": model, "draft": draft}
+               "model": model, "draft": draft, "draft_path": draft_path}
     return {"summary": summary, "sentences": rows}
 
 
@@ -65,13 +90,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--method", default="cdsl", help="whose sentences in it (default cdsl)")
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--draft", default="int8", help="the self-draft: int8, bf16 or layers:N (default int8)")
+    parser.add_argument("--draft-path", default="forward", choices=DRAFT_PATHS,
+                        help="how the draft is fed (module docstring; default forward)")
     parser.add_argument("--json", dest="json_out", help="write the report here")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the bench as ``args`` say; print its line, write the report."""
     report = json.loads(Path(args.sentences).read_text(encoding="utf-8"))
-    result = run_agreement(report["methods"][args.method]["sentences"], args.model, args.draft)
+    result = run_agreement(report["methods"][args.method]["sentences"], args.model, args.draft, args.draft_path)
     s = result["summary"]
     line = f"{args.draft} draft against {args.model}: agreement {s['agreement']} over {s['tokens']} tokens " \
            f"of {s['sentences']} sentences"

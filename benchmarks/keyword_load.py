@@ -89,6 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--split", default="report", choices=["tune", "report", "all"])
+    parser.add_argument("--seed", type=int, default=0, help="which concept sets of the split (a seeded sample)")
     parser.add_argument("--json", dest="json_out", help="write the report here")
 
 
@@ -96,6 +97,6 @@ def run(args: argparse.Namespace) -> int:
     """Run the bench as ``args`` say; print the table, write the report."""
     config = KeywordLoadConfig(data=args.data, model=args.model, draft=None if args.draft == "none" else args.draft,
                                method=args.method, requests=args.requests, max_tokens=args.max_tokens,
-                               split=args.split)
+                               split=args.split, seed=args.seed)
     report = run_keyword_load(config)
     return write_report(report, format_keyword_table(report), args)

@@ -45,7 +45,7 @@ from .models.runner import ModelRunner, self_draft
 from .models.self_check import batch_runner
 from .options import Method
 from .params import GenerationParams, ParamOverrides
-from .prompts import prompt_ids
+from .prompts import chat_header, prompt_ids
 from .result import Result
 from .rewards import Reward
 from .streaming import (
@@ -177,6 +177,7 @@ class Generator:
                                   kv_budget_bytes=None if kv_budget_gb is None else kv_budget_gb * 2**30)
         self.compiling: BackgroundCompile | None = on_own_thread(
             lambda: compile_in_background(self.engine.runner, torch_compile))
+        self.engine.programs.share_prefix(chat_header(self.tokenizer))  # a draft prefills it once
         self.engine.start()
 
     def __repr__(self) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -189,3 +190,16 @@ def _templated(tokenizer: Any, messages: list[dict[str, str]], thinking: bool | 
         else {"enable_thinking": thinking}
     encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **switch)
     return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+
+
+def chat_header(tokenizer: Any) -> list[int]:
+    """The tokens every one-message chat prompt of ``tokenizer``'s template starts with (its default
+    system turn, the user turn's opening): what most requests share. Empty without a chat template
+    or where the template refuses the probe."""
+    if not getattr(tokenizer, "chat_template", None):
+        return []
+    try:
+        first, second = (prompt_ids(tokenizer, text) for text in ("Hello.", "Write a sentence."))
+    except Exception:  # noqa: BLE001 - a template that refuses one user message has no header to share
+        return []
+    return list(os.path.commonprefix([first, second]))

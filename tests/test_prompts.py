@@ -8,7 +8,7 @@ import json
 import pytest
 from jinja2 import TemplateError
 
-from cdsl_struct.prompts import ends_with_results, normalise_messages, prompt_ids
+from cdsl_struct.prompts import chat_header, ends_with_results, normalise_messages, prompt_ids
 from cdsl_struct.tools import ToolPrompt, tool_request
 
 CITY = {"type": "object", "properties": {"name": {"type": "string"}, "country": {"type": "string"}},
@@ -121,3 +121,19 @@ def test_where_a_template_refuses_a_late_system_message_the_instruction_ends_the
     text = "".join(map(chr, prompt_ids(_SystemFirstOnly(), ANSWERED, system=system)))
     assert text.startswith("[system]Tools.[user]Name a city in Spain.[assistant]<tool_call>")
     assert text.endswith("[tool]3300000\n\nAnswer now, or call another function.[assistant]")
+
+
+def test_the_chat_header_is_what_every_user_prompt_starts_with(tokenizer_of):
+    """``chat_header``: the template's default system turn and the user turn's opening, which every
+    one-message prompt starts with (what a draft prefills once); none without a chat template."""
+    tokenizer = tokenizer_of("smollm2")
+    header = chat_header(tokenizer)
+    assert tokenizer.decode(header).endswith("<|im_start|>user\n") and "system" in tokenizer.decode(header)
+    for text in ("Describe a scene.", "Hello", "Write one short, natural sentence that uses all of these words: a, b."):
+        assert prompt_ids(tokenizer, text)[:len(header)] == header
+    assert prompt_ids(tokenizer, "Hello")[len(header):] != prompt_ids(tokenizer, "Write")[len(header):]
+
+    class Plain:
+        chat_template = None
+
+    assert chat_header(Plain()) == []

@@ -48,6 +48,17 @@ class Programs:
         self.solo_drafts: dict[Hashable, ModelRunner] = {}
         """Per row, on a draft whose rows cannot share a batch (``_batch_invariant``)."""
         self._invariant: dict[int, bool] = {}
+        self.shared_prefixes: list[list[int]] = []
+        """Prompt prefixes many requests start with (``share_prefix``)."""
+        self._shared_on: dict[int, int] = {}  # per draft runner, how many of them it has prefilled
+
+    def share_prefix(self, tokens: Sequence[int]) -> None:
+        """A prompt prefix many requests will start with (a chat template's header): each draft
+        runner prefills it once, in a pass of its own, at its next draft pass (on the engine's
+        thread), and rows starting with it copy it (``RaggedRunner.share_prefix``; the target's and
+        float drafts' prefix caches find such prefixes by themselves)."""
+        if len(tokens) > 1:
+            self.shared_prefixes.append(list(tokens))
 
     def begin(self, row: Any) -> list[int] | None:
         """Start the row's next step; its committed tokens if the step ended at once, else None."""
@@ -137,6 +148,10 @@ class Programs:
             self.drafts[id(model)] = batch_runner(model, self.target.pad_token_id, name="draft", graphs=False,
                                                   prefix_cache_bytes=cache_bytes)
         runner = self.drafts[id(model)]
+        if isinstance(runner, RaggedRunner):
+            for prefix in self.shared_prefixes[self._shared_on.get(id(model), 0):]:
+                runner.share_prefix(prefix)
+            self._shared_on[id(model)] = len(self.shared_prefixes)
         feeds = [_engine_feeds(row, row.pending) for row in rows]
         started = time.perf_counter()
         logits = runner.run([f for row_feeds in feeds for f in row_feeds])

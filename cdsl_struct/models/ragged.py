@@ -119,6 +119,8 @@ class RaggedRunner:
         self.vocab_size: int = getattr(model.config, "get_text_config", lambda: model.config)().vocab_size
         self.int8 = int8_forward(model) if self.rows_alone and token_scaled(model) else None
         """The int8 self-draft's own step (``models.int8_forward``), or None: the model's forward."""
+        self.shared: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        """Prefixes prefilled in a pass of their own (``share_prefix``) and their keys and values."""
 
     def compile(self, warm_up: bool = True) -> float:
         """Run this runner's steps through ``torch.compile`` from now on (``models.compiled``), and
@@ -276,6 +278,33 @@ class RaggedRunner:
 
     # --- joining --------------------------------------------------------------------------------
 
+    @torch.inference_mode()
+    def share_prefix(self, tokens: Sequence[int]) -> None:
+        """Prefill ``tokens`` once, in a pass of their own: a row whose prompt starts with them then
+        copies their keys and values whole and feeds only the rest.
+
+        For a runner without a prefix cache, the int8 self-draft's: a prompt's keys depend by float
+        rounding on the chunk they were computed in (SDPA's blocks follow its length), which int8
+        rounding turns into other drafts, so that runner reuses no prompt another request computed.
+        Keys of a prefix always computed alone are the same for every row, in any order or batch,
+        so rows that share it stay as deterministic as before. A runner with a prefix cache finds
+        shared prefixes by itself: there this does nothing."""
+        key = tuple(tokens)
+        if self.prefixes is not None or len(key) < 2 or key in self.shared:
+            return
+        child = RaggedRunner(self.model, self.name, self.pad_token_id, prefix_cache_bytes=0,
+                             rows_alone=self.rows_alone)
+        child.run([Feed(0, list(key), 1)])
+        self.shared[key] = child.row_kv(0)
+        for counter in ("passes", "positions", "padded_positions", "prefilled_positions", "seconds"):
+            setattr(self, counter, getattr(self, counter) + getattr(child, counter))
+
+    def _shared_prefix(self, body: list[int]) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]:
+        """The longest of ``shared`` that ``body`` starts with: its length and keys and values, or (0, None)."""
+        best = max((key for key in self.shared if len(key) <= len(body) and tuple(body[:len(key)]) == key),
+                   key=len, default=None)
+        return (0, None) if best is None else (len(best), self.shared[best])
+
     def _join(self, feeds: list[Feed]) -> list[tuple[Hashable, list[int], int]]:
         """Give each new row a slot holding the longest stored prefix of its sequence (but the last
         ``keep`` tokens); the rest it feeds in the step's pass. Each row's (row, prompt body, reused)."""
@@ -285,7 +314,7 @@ class RaggedRunner:
         self._reserve(self.rows + len(feeds), max(len(f.sequence) for f in feeds))
         joined = []
         for feed, body in zip(feeds, bodies, strict=True):
-            reused, kv = self.prefixes.lookup(body) if self.prefixes is not None else (0, None)
+            reused, kv = self.prefixes.lookup(body) if self.prefixes is not None else self._shared_prefix(body)
             self.order.append(feed.row)
             self.tokens[feed.row] = list(body[:reused])
             if kv is not None:

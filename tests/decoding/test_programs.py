@@ -13,7 +13,7 @@ from cdsl_struct.decoding.lookahead import CDLH, CDSL, GuidedDraft
 from cdsl_struct.decoding.strategy import MAIN, Passes
 from cdsl_struct.models.batch import BatchRunner, Feed
 from cdsl_struct.models.runner import ModelRunner, self_draft
-from cdsl_struct.prompts import prompt_ids
+from cdsl_struct.prompts import chat_header, prompt_ids
 from cdsl_struct.rewards import KeywordCoverage
 
 SENTENCE = r"[A-Z][a-z]+( [a-z]+){2,12}\."
@@ -149,3 +149,29 @@ def test_rollouts_start_from_a_copy_of_the_row_cache_not_a_prefill(smollm2, part
     assert len(result.tokens) > 1
     # only the prompt is prefilled: every step's k roll-outs fork the row (before, each re-read the whole sequence)
     assert runner.prefilled_positions <= len(prompts[0])
+
+
+def test_draft_rows_copy_a_shared_prompt_prefix_and_decode_alike_in_any_batch(smollm2, parts):
+    """``Programs.share_prefix`` (``Generator`` shares its chat header): the int8 self-draft's runner
+    prefills the prefix once, at its first draft pass, and rows starting with it copy it; CDSL rows
+    decoded together equal each decoded alone on an engine sharing the same prefix."""
+    compiled, prompts, _ = parts
+    int8 = self_draft(smollm2.model, "int8")
+    header = chat_header(smollm2.tokenizer)
+    assert len(header) > 10 and all(ids[:len(header)] == header for ids in prompts)
+
+    def run(requests):
+        engine = BatchEngine(BatchRunner(smollm2.model, pad_token_id=smollm2.eos_token_ids[0]), max_batch_size=4)
+        engine.programs.share_prefix(header)
+        results = engine.run(requests)
+        draft_runner = next(iter(engine.programs.drafts.values()))
+        assert list(draft_runner.shared) == [tuple(header)]
+        engine.close()
+        return results
+
+    def requests():
+        return [Request(tuple(ids), compiled, max_tokens=10, strategy=strategy("cdsl", words, int8))
+                for words, ids in zip(TOPICS[:3], prompts[:3], strict=True)]
+
+    together = run(requests())
+    assert [r.tokens for r in together] == [run([request])[0].tokens for request in requests()]

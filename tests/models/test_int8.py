@@ -203,3 +203,35 @@ def test_activations_keep_all_8_bits_only_where_fbgemm_adds_them_exactly(monkeyp
     assert not check()
     monkeypatch.delenv("CDSL_INT8_BITS")
     assert check() == full
+
+
+def test_a_shared_prefix_is_copied_whole_and_rows_stay_the_same_in_any_order(smollm2, one_torch_thread):
+    """``share_prefix`` on the int8 self-draft's runner (no prefix cache): rows starting with the prefix
+    copy its keys and feed only the rest; a row's logits are bitwise the same whether it joins with
+    others or alone, first or later, and a row not starting with it is as without it."""
+    from cdsl_struct.models.runner import self_draft
+
+    draft = self_draft(smollm2.model, "int8")
+    header = [(7 * i + 3) % 49152 for i in range(20)]
+    rows = {"a": header + [11, 12, 13, 14, 15], "b": header + [21, 22, 23, 24, 25, 26, 27, 28, 29],
+            "c": [(5 * i + 1) % 49152 for i in range(12)]}
+    assert not RaggedRunner(draft).shared and RaggedRunner(draft).share_prefix(header) is None  # a prefix cache: no-op
+
+    def shared_runner():
+        runner = RaggedRunner(draft, prefix_cache_bytes=0)
+        runner.share_prefix(header)
+        assert list(runner.shared) == [tuple(header)] and runner.passes == 1
+        return runner
+
+    together = shared_runner()
+    before = together.positions
+    first = together.run([Feed(name, ids, 1) for name, ids in rows.items()])
+    assert together.positions - before == 5 + 9 + 12  # the header copied, not fed
+    then = together.run([Feed(name, ids + [40], 1) for name, ids in rows.items()])
+    for index, (name, ids) in enumerate(rows.items()):
+        alone = shared_runner()
+        alone.run([Feed("other", rows["c"] + [1, 2], 1)])  # another row before it
+        assert torch.equal(alone.run([Feed(name, ids, 1)])[0], first[index]), name
+        assert torch.equal(alone.run([Feed(name, ids + [40], 1)])[0], then[index]), name
+    plain = RaggedRunner(draft, prefix_cache_bytes=0)
+    assert torch.equal(plain.run([Feed("c", rows["c"], 1)])[0], first[2])
