@@ -23,7 +23,8 @@ def test_a_draft_of_the_targets_own_weights_agrees_everywhere_and_int8_less(tmp_
     assert 0.3 < int8["agreement"] < 1.0 and int8["tokens"] == same["tokens"]
     assert "agreement 1.0 over" in capsys.readouterr().out
     out = tmp_path / "shared.json"  # the engine's path: the int8 draft's own step, the chat header shared
-    assert main(["draft-agreement", "--sentences", str(report), "--draft-path", "shared-header", "--json", str(out)]) == 0
+    args = ["draft-agreement", "--sentences", str(report), "--draft-path", "shared-header", "--json", str(out)]
+    assert main(args) == 0
     shared = json.loads(out.read_text(encoding="utf-8"))["summary"]
     assert shared["draft_path"] == "shared-header" and shared["tokens"] == same["tokens"]
     assert abs(shared["agreement"] - int8["agreement"]) < 0.25
