@@ -43,6 +43,7 @@ from cdsl_struct.decoding import (
     WordLoopGuard,
 )
 from cdsl_struct.models import ModelRunner, batch_runner, load_model, self_draft
+from cdsl_struct.models.self_check import check_ragged_once
 from cdsl_struct.prompts import chat_header
 from cdsl_struct.rewards import KeywordCoverage, list_shaped
 
@@ -170,6 +171,11 @@ class CommonGenBench:
         self.compiled = sentence_constraint(config, self.loaded.tokenizer, self.loaded.eos_token_ids,
                                             sorted({c for case in cases for c in case["concepts"]}))
         self.word_guard = WordLoopGuard(self.compiled.vocabulary.token_bytes)
+        # once-a-process work out of the first sentence's wall, as the draft's quantisation is: the
+        # check the draft's batched passes need, and the parser of finished outputs
+        check_ragged_once(self.draft_runner.model)
+        if isinstance(self.compiled.spec, Grammar):
+            self.compiled.spec.prepare_parser()
 
     def run(self, config: CommonGenConfig | None = None, progress: bool = True,
             checkpoint: str | Path | None = None) -> dict[str, Any]:

@@ -165,6 +165,11 @@ class Grammar(ConstraintSpec):
         """A new lark Earley parser for finished outputs (builds a ``lark.Tree``)."""
         return lark.Lark(self.text, start="start", parser="earley")
 
+    def prepare_parser(self) -> None:
+        """Build the shared parser ``parse`` uses now, off a request's path (a grammar of thousands of
+        words takes a second or more)."""
+        _shared_parser(self.text)
+
     def parse(self, text: str) -> lark.Tree:
         """The ``lark.Tree`` of a finished output. The parser is built once per grammar text and
         shared (a large grammar takes seconds to build, far longer than a parse); parses of one

@@ -42,6 +42,10 @@ from .ragged_plan import StepPlan
 INT8_FORWARD_MODEL_TYPES = ("llama", "mistral", "qwen2")
 #: rotary embeddings that are ``inv_freq`` alone (their scaling is folded into it at load)
 _PLAIN_ROPE = ("default", "llama3", "linear")
+#: token counts a product keeps an input buffer for (a prompt's count is seen once; decoding's, often)
+_SHAPES_KEPT = 4
+#: the most tokens an input buffer is kept for (30 layers of SmolLM2 hold ~0.4 MB a token)
+_TOKENS_KEPT = 64
 
 
 @dataclass
@@ -61,17 +65,24 @@ class _Layer:
 
 
 class _Matmul:
-    """An ``Int8Matrix``'s product with its padded input kept for the last shape it saw (the
-    anchors written once; a step's rows change from pass to pass, so one shape is kept)."""
+    """An ``Int8Matrix``'s product with its padded inputs kept for the last ``_SHAPES_KEPT`` token
+    counts it saw up to ``_TOKENS_KEPT`` (the anchors written once: CDSL's draft passes alternate
+    between a few small counts)."""
 
     def __init__(self, matrix: Int8Matrix) -> None:
         self.matrix = matrix
-        self.padded: torch.Tensor | None = None
+        self.padded: dict[torch.Size, torch.Tensor] = {}
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        padded = self.padded
-        if padded is None or padded.shape[:-1] != x.shape[:-1]:
-            padded = self.padded = self.matrix.padded_like(x)
+        shape = x.shape[:-1]
+        if shape.numel() > _TOKENS_KEPT:  # a prompt: its buffer would hold memory for nothing
+            return self.matrix(x)
+        padded = self.padded.pop(shape, None)
+        if padded is None:
+            padded = self.matrix.padded_like(x)
+            if len(self.padded) >= _SHAPES_KEPT:
+                del self.padded[next(iter(self.padded))]  # the least recently used
+        self.padded[shape] = padded
         return self.matrix(x, padded)
 
 

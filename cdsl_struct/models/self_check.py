@@ -58,12 +58,7 @@ def batch_runner(model: Any, pad_token_id: int = 0, *, max_rows: int | None = No
         runner, static_reason = _graph_runner(model, pad_token_id, max_rows=max_rows, **kwargs)
         if runner is not None:
             return runner
-    if model not in _checked:
-        _checked[model] = check_ragged(model)
-        if _checked[model] is not None:
-            logger.warning("the ragged runner failed its self-check on %s (%s); this model runs on the padded "
-                           "runner", model_device(model), _checked[model])
-    reason = _checked[model]
+    reason = check_ragged_once(model)
     if reason is None:
         runner = RaggedRunner(model, pad_token_id=pad_token_id, **kwargs)
         runner.fallback_reason = static_reason
@@ -71,6 +66,18 @@ def batch_runner(model: Any, pad_token_id: int = 0, *, max_rows: int | None = No
     runner = BatchRunner(model, pad_token_id=pad_token_id, **kwargs)
     runner.fallback_reason = "; ".join(r for r in (static_reason, reason) if r)
     return runner
+
+
+def check_ragged_once(model: Any) -> str | None:
+    """``check_ragged(model)`` the first time it is asked for ``model``, remembered after (a warning
+    logged where it failed): what ``batch_runner`` asks before it builds a ragged runner. Call it
+    where the model is made (a draft) to keep the check, a second or so, off the first request."""
+    if model not in _checked:
+        _checked[model] = check_ragged(model)
+        if _checked[model] is not None:
+            logger.warning("the ragged runner failed its self-check on %s (%s); this model runs on the padded "
+                           "runner", model_device(model), _checked[model])
+    return _checked[model]
 
 
 def _graph_runner(model: Any, pad_token_id: int, **kwargs: Any) -> tuple[Any, str | None]:

@@ -97,3 +97,24 @@ def test_float_models_and_the_switch_keep_the_models_forward(model, monkeypatch)
     assert RaggedRunner(draft, prefix_cache_bytes=0, rows_alone=False).int8 is None  # grouped attention
     monkeypatch.setenv("CDSL_INT8_FORWARD", "0")
     assert int8_forward(draft) is None
+
+
+def test_a_product_keeps_its_input_buffers_for_a_few_small_token_counts():
+    from cdsl_struct.models.int8 import Int8Matrix
+    from cdsl_struct.models.int8_forward import _SHAPES_KEPT, _TOKENS_KEPT, _Matmul
+
+    torch.manual_seed(0)
+    matrix = Int8Matrix(torch.randn(24, 16), None)
+    product = _Matmul(matrix)
+    inputs = {n: torch.randn(1, n, 16) for n in (1, 2, 3)}
+    first = {n: product(x) for n, x in inputs.items()}
+    kept = {n: product.padded[torch.Size([1, n])].data_ptr() for n in inputs}
+    for _ in range(2):  # counts that alternate reuse their buffers, and give the same values
+        for n, x in inputs.items():
+            assert torch.equal(product(x), first[n]) and torch.equal(product(x), matrix(x))
+            assert product.padded[torch.Size([1, n])].data_ptr() == kept[n]
+    product(torch.randn(1, _TOKENS_KEPT + 1, 16))  # a prompt's count is not kept
+    assert set(product.padded) == {torch.Size([1, n]) for n in inputs}
+    for n in range(4, 4 + _SHAPES_KEPT):
+        product(torch.randn(1, n, 16))
+    assert len(product.padded) == _SHAPES_KEPT and torch.Size([1, 1]) not in product.padded
