@@ -42,7 +42,7 @@ from .models.background_compile import BackgroundCompile, CompileState, compile_
 from .models.compiled import compile_mode
 from .models.loading import LoadedModel, load_model
 from .models.runner import ModelRunner, self_draft
-from .models.self_check import batch_runner, check_ragged_once
+from .models.self_check import batch_runner
 from .options import Method
 from .params import GenerationParams, ParamOverrides
 from .prompts import chat_header, prompt_ids
@@ -546,8 +546,6 @@ class Generator:
         with self._draft_lock:  # concurrent first CDSL requests make one draft
             if self._cdsl_draft is None:
                 kind = cdsl_self_draft(self.device)
-                draft = self_draft(self.loaded.model, kind)
-                check_ragged_once(draft)  # the check its batched passes need, done here once
-                self._cdsl_draft = ModelRunner(draft, name=kind)
+                self._cdsl_draft = ModelRunner(self_draft(self.loaded.model, kind), name=kind)
             return self._cdsl_draft
 
