@@ -381,7 +381,8 @@ class BatchEngine:
         forward = time.perf_counter() - started
         self.stats.phase_seconds["forward"] += forward
         if self.threads is not None:
-            self.threads.after_step(threads, forward - self.runner.last_prefill_seconds, self.runner.last_positions)
+            self.threads.after_step(threads, forward - self.runner.last_prefill_seconds, self.runner.last_positions,
+                                    sum(self.runner.last_prefilled.values()))
         if self.width is not None:
             self.width.observe_pass(self.runner.last_positions, forward - self.runner.last_prefill_seconds)
         return logits, flat, starts, forward, sum(self.runner.last_fed.values()), self.runner.last_prefill_seconds
