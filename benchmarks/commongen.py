@@ -42,8 +42,7 @@ from cdsl_struct.decoding import (
     SamplingParams,
     WordLoopGuard,
 )
-from cdsl_struct.models import ModelRunner, batch_runner, load_model, self_draft
-from cdsl_struct.models.self_check import check_ragged_once
+from cdsl_struct.models import ModelRunner, batch_runner, check_ragged_once, load_model, self_draft
 from cdsl_struct.prompts import chat_header
 from cdsl_struct.rewards import KeywordCoverage, list_shaped
 

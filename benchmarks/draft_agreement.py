@@ -24,9 +24,7 @@ from typing import Any
 import torch
 
 from cdsl_struct.bench import write_report
-from cdsl_struct.models import load_model, self_draft
-from cdsl_struct.models.batch import Feed
-from cdsl_struct.models.ragged import RaggedRunner
+from cdsl_struct.models import Feed, RaggedRunner, load_model, self_draft
 from cdsl_struct.prompts import chat_header
 
 from .commongen import PROMPT

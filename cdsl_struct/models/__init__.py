@@ -13,11 +13,12 @@ if TYPE_CHECKING:
     from .loading import LoadedModel, load_model
     from .ragged import RaggedRunner
     from .runner import ModelRunner, self_draft
-    from .self_check import batch_runner
+    from .self_check import batch_runner, check_ragged_once
     from .tokenizers import NAMED_TOKENIZERS, load_tokenizer
 
 __all__ = ["NAMED_TOKENIZERS", "BatchRunner", "Feed", "LoadedModel", "ModelRunner", "RaggedRunner", "batch_runner",
-           "cpu_has_native_bf16", "load_model", "load_tokenizer", "model_device", "resolve_device", "self_draft"]
+           "check_ragged_once", "cpu_has_native_bf16", "load_model", "load_tokenizer", "model_device", "resolve_device",
+           "self_draft"]
 
 # Submodules that importing this package used to load (so were attributes of it); each is
 # imported when first read as one.
@@ -36,7 +37,7 @@ def __getattr__(name: str) -> Any:
         from . import ragged as home
     elif name in ("ModelRunner", "self_draft"):
         from . import runner as home
-    elif name == "batch_runner":
+    elif name in ("batch_runner", "check_ragged_once"):
         from . import self_check as home
     elif name in ("NAMED_TOKENIZERS", "load_tokenizer"):
         from . import tokenizers as home
