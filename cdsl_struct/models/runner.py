@@ -118,20 +118,26 @@ def self_draft(model: Any, kind: str) -> Any:
         layers = model.model.layers
         if not 1 <= count <= len(layers):
             raise CdslError(f"layers:N needs 1 <= N <= {len(layers)}, got {count}")
-        # Shallow copies with their own module tables: assigning a submodule on a plain
-        # copy.copy would write into the table it shares with the target.
-        draft, inner = copy.copy(model), copy.copy(model.model)
-        draft._modules = dict(model._modules)
-        inner._modules = dict(model.model._modules)
-        inner.layers = torch.nn.ModuleList(list(layers)[:count])
-        draft.model = inner
-        draft.config = copy.deepcopy(model.config)
-        draft.config.num_hidden_layers = count
-        draft.model.config = draft.config
-        if hasattr(draft.config, "layer_types") and draft.config.layer_types:
-            draft.config.layer_types = draft.config.layer_types[:count]
-        return draft.eval()
+        return first_layers(model, count).eval()
     raise CdslError(f"unknown self-draft {kind!r}; use 'bf16', 'int8' or 'layers:N'")
+
+
+def first_layers(model: Any, count: int) -> Any:
+    """``model`` with only its first ``count`` decoder layers, then its final norm and LM head: a
+    view sharing every weight (nothing copied), the config's layer count and types cut to match."""
+    # Shallow copies with their own module tables: assigning a submodule on a plain
+    # copy.copy would write into the table it shares with the target.
+    view, inner = copy.copy(model), copy.copy(model.model)
+    view._modules = dict(model._modules)
+    inner._modules = dict(model.model._modules)
+    inner.layers = torch.nn.ModuleList(list(model.model.layers)[:count])
+    view.model = inner
+    view.config = copy.deepcopy(model.config)
+    view.config.num_hidden_layers = count
+    view.model.config = view.config
+    if hasattr(view.config, "layer_types") and view.config.layer_types:
+        view.config.layer_types = view.config.layer_types[:count]
+    return view
 
 
 def check_same_vocabulary(target_vocab: Any, draft_vocab: Any) -> None:

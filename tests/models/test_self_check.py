@@ -78,3 +78,32 @@ def test_a_bfloat16_model_passes_and_a_broken_one_does_not(smollm2, monkeypatch)
     assert check_ragged(model) is None
     monkeypatch.setattr(ragged_attention, "row_attention", _broken_attention)
     assert "logits differ" in check_ragged(model)
+
+
+def test_the_int8_drafts_check_runs_on_its_first_layers_and_still_catches_a_broken_step(smollm2, monkeypatch):
+    """The float check of the int8 self-draft's plumbing runs on its first two layers (all of
+    SmolLM2's are alike), and its own step (``Int8Forward``) with its positions doubled still fails it."""
+    from cdsl_struct.models import int8_forward
+    from cdsl_struct.models.runner import self_draft
+
+    draft = self_draft(smollm2.model, "int8")
+    checked = []
+    real = self_check.check_runner
+    monkeypatch.setattr(self_check, "check_runner",
+                        lambda runner: checked.append(len(runner.model.model.layers)) or real(runner))
+    assert check_ragged(draft) is None and checked == [2]
+    assert len(draft.model.layers) == 30 and draft.config.num_hidden_layers == 30  # the draft itself untouched
+    rotary = int8_forward.Int8Forward._rotary
+    monkeypatch.setattr(int8_forward.Int8Forward, "_rotary", lambda self, positions: rotary(self, positions * 2))
+    assert "logits differ" in check_ragged(draft)
+
+
+@pytest.mark.parametrize(("kinds", "layers"), [(None, 2), (["full_attention"] * 30, 2),
+                                               (["sliding_attention"] * 3 + ["full_attention"] * 27, 4),
+                                               (["full_attention"] * 21 + ["sliding_attention"] * 9, 22)])
+def test_the_plumbing_check_reaches_a_layer_of_each_kind(kinds, layers):
+    from types import SimpleNamespace
+
+    config = SimpleNamespace(layer_types=kinds)
+    model = SimpleNamespace(config=config, model=SimpleNamespace(layers=[object()] * 30))
+    assert self_check.plumbing_layers(model) == layers
