@@ -44,6 +44,7 @@ from .loop import (
     verify,
 )
 from .loops import SENTENCE_GUARD, LoopGuard
+from .mask_fill import draft_with_mask
 from .sampling import choose, distribution, masked_logits
 from .strategy import MAIN, Passes, StepProgram
 
@@ -280,8 +281,9 @@ class GuidedDraft:
         draft pass per step, which the engine batches with the other rows drafting on the model."""
         end = len(proposal.tokens) + budget
         while len(proposal.tokens) < end:
-            logits = (yield Passes.on_draft(self.model, session.sequence + proposal.tokens))[0][-1]
-            mask = session.current_mask()
+            passes = Passes.on_draft(self.model, session.sequence + proposal.tokens)
+            outputs, mask = yield from draft_with_mask(session, passes)  # the mask filled during the pass
+            logits = outputs[0][-1]
             prefix = session.output + proposal.tokens
             choice = masked_logits(logits, mask)
             if self.loop_guard is not None:
