@@ -72,7 +72,7 @@ def batch_runner(model: Any, pad_token_id: int = 0, *, max_rows: int | None = No
 def check_ragged_once(model: Any) -> str | None:
     """``check_ragged(model)`` the first time it is asked for ``model``, remembered after (a warning
     logged where it failed): what ``batch_runner`` asks before it builds a ragged runner. A harness
-    that times requests calls it where it makes a draft, to keep the check (a second or so) out of
+    that times requests calls it where it makes a draft, to keep the check (0.3-1.4 s) out of
     the first request's time. The Generator leaves it to the engine's thread: run on the caller's
     thread, the 16 keyword requests at once of ``keyword-load`` took 10-25% longer (2.4-2.8 s
     against 2.2-2.4, not explained; docs/benchmarks/2026-11-29-draft-header-and-first-request.md)."""
