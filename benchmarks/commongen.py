@@ -88,6 +88,9 @@ class CommonGenConfig:
     word_guard: bool = True
     """The guard on words too (``WordLoopGuard``: case, punctuation and token splits aside), as
     ``Generator`` guards keyword sentences; off: on tokens only."""
+    list_guard: bool = True
+    """CDSL's draft and target write no token that makes the sentence a list of the words, where the
+    reward says so (``no_lists``; ``decoding.guards``)."""
     cdsl_temperature: float = 0.0
     """0: CDSL accepts by greedy matching; > 0: by speculative sampling at this temperature
     (seeded per concept set), the target's own tokens sampled too."""
@@ -288,11 +291,12 @@ def make_strategy(method: str, reward: KeywordCoverage, draft_runner: ModelRunne
         return cdlh
     if method == "cdsl":
         draft = GuidedDraft(draft_runner, reward, k=config.k, lam=config.draft_lam, optimism=config.optimism,
-                            suggest=config.suggest, stop_below=config.stop_below, loop_guard=guard)
+                            suggest=config.suggest, stop_below=config.stop_below, loop_guard=guard,
+                            avoid_lost=config.list_guard)
         return CDSL(draft, reward, d=config.cdsl_d, acceptance_threshold=config.acceptance_threshold,
                     reward_threshold=config.reward_threshold, fallback=config.fallback, cdlh=cdlh,
                     reward_on=config.reward_on, commit=config.commit, steer_ratio=config.steer_ratio,
-                    loop_guard=guard)
+                    loop_guard=guard, avoid_lost=config.list_guard)
     raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
 
 
@@ -438,6 +442,8 @@ def add_arguments(gen: argparse.ArgumentParser) -> None:
                      help="CDLH and CDSL: let a sentence write a block a third time in a row")
     gen.add_argument("--no-word-guard", dest="word_guard", action="store_false",
                      help="CDLH and CDSL: guard against repeated blocks of tokens only, not of words")
+    gen.add_argument("--no-list-guard", dest="list_guard", action="store_false",
+                     help="CDSL: with --no-lists, let the draft and target write the comma or stop that makes a list")
     gen.add_argument("--stop-below", type=float, default=c.stop_below,
                      help=f"CDSL draft: end a lookahead after an unsure own token (default p < {c.stop_below})")
     gen.add_argument("--no-suggest", dest="suggest", action="store_false",
@@ -458,7 +464,7 @@ def config_from(args: argparse.Namespace) -> CommonGenConfig:
         acceptance_threshold=args.a_t, reward_threshold=args.r_t, fallback=args.fallback,
         reward_on=args.reward_on, commit=args.commit, steer_ratio=args.steer_ratio, draft=args.draft,
         draft_lam=args.draft_lam, suggest=args.suggest, stop_below=args.stop_below, loop_guard=args.loop_guard,
-        word_guard=args.word_guard, no_lists=args.no_lists,
+        word_guard=args.word_guard, no_lists=args.no_lists, list_guard=args.list_guard,
     )
 
 

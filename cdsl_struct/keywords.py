@@ -67,7 +67,8 @@ class Keywords:
     (one sentence, ``SENTENCE``), ``"paragraph"`` (sentences on one line) or ``"text"`` (free
     text); a ``schema``, ``regex``, ``choices``, ``grammar`` or ``tools`` replaces it.
     ``max_repeats``: occurrences of a word that still earn reward. ``no_lists``: a list of the
-    words ("Dog, ride, walk.") earns nothing, so the steering prefers sentences. ``instruction``:
+    words ("Dog, ride, walk.") earns nothing, so the steering prefers sentences (prose only, not a
+    schema's or a tool call's JSON), and CDSL writes none (``decoding.guards``). ``instruction``:
     the sentence that names the words, with ``{words}`` where they go (default: the form's own,
     "Write one sentence that uses the words {words}." for a sentence).
     """
@@ -116,9 +117,10 @@ class Keywords:
             raise InvalidArgument("keywords must be a non-empty list of words", param="keywords")
         return cls(tuple(words), **options)
 
-    def reward(self) -> KeywordCoverage:
-        """The coverage reward that steers CDLH and CDSL towards the words."""
-        return KeywordCoverage(self.words, max_repeats=self.max_repeats, no_lists=self.no_lists)
+    def reward(self, prose: bool = True) -> KeywordCoverage:
+        """The coverage reward that steers CDLH and CDSL towards the words. ``no_lists`` judges
+        ``prose`` only: a JSON answer's commas separate its values, not a list of the words."""
+        return KeywordCoverage(self.words, max_repeats=self.max_repeats, no_lists=self.no_lists and prose)
 
     @property
     def constraint(self) -> Regex | None:

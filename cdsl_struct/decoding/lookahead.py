@@ -31,6 +31,7 @@ from ..constraints.mask import allocate_bitmask, allows_only, apply_bitmask
 from ..models.batch import Feed
 from ..models.runner import ModelRunner
 from ..rewards.base import Reward, as_reward
+from .guards import WORD_OPENERS, RewardGuard
 from .loop import (
     MAX_FORCED,
     Proposal,
@@ -49,7 +50,6 @@ from .sampling import choose, distribution, masked_logits
 from .strategy import MAIN, Passes, StepProgram
 
 CDSL_STATES = ("accept", "reject_acceptance", "reject_reward", "reject_both")
-_WORD_OPENERS = "\"'([{"
 
 
 def _check_unit(name: str, value: float) -> None:
@@ -171,7 +171,7 @@ class SuggestedWords:
         spellings = []
         for word in self.reward.suggestions(text):
             spellings.append(" " + word)
-            if not text or text[-1].isspace() or text[-1] in _WORD_OPENERS:
+            if not text or text[-1].isspace() or text[-1] in WORD_OPENERS:
                 spellings += [word, word.capitalize()]
         found = []
         for spelling in spellings:
@@ -182,61 +182,6 @@ class SuggestedWords:
                     and session.state.validate(tokens) == len(tokens)):
                 found.append(tokens)
         return found
-
-
-class SpentWords:
-    """Keeps the next token off the words a reward counts against the text if written again
-    (``Reward.spent``: a keyword already written ``max_repeats`` times), each spelling encoded once.
-
-    A spent word is stopped where it starts: its first token (after a space, capitalised too, and
-    as it is where a word may start) is dropped from the choice, unless that token also starts a
-    word the reward still suggests, or unless nothing the constraint allows would be left. A
-    keyword of several tokens cannot slip through as a harmless-looking first piece (``" sciss"``)
-    that only its last token makes a repeat. It only narrows choices the constraint already
-    allows, never widens them, and never leaves a position with no token.
-    """
-
-    def __init__(self, reward: Reward) -> None:
-        self.reward = reward
-        self._first: dict[str, int | None] = {}
-
-    def blocked(self, session: Session, text: str) -> list[int]:
-        """The tokens that would start a spent word after ``text``."""
-        spent = self.reward.spent(text)
-        if not spent:
-            return []
-        at_start = not text or text[-1].isspace() or text[-1] in _WORD_OPENERS
-        blocked = self._firsts(session, spent, at_start)
-        if blocked:
-            blocked -= self._firsts(session, self.reward.suggestions(text), at_start)
-        return sorted(blocked)
-
-    def guard(self, session: Session, text: str, row: torch.Tensor) -> torch.Tensor:
-        """``row`` (masked logits of the position after ``text``) with the tokens that would start a
-        spent word set to -inf, in place, unless no allowed token would be left."""
-        blocked = self.blocked(session, text)
-        if not blocked:
-            return row
-        index = torch.tensor(blocked, device=row.device)
-        saved = row[index].clone()
-        row[index] = -float("inf")
-        if not torch.isfinite(row).any():
-            row[index] = saved
-        return row
-
-    def _firsts(self, session: Session, words: list[str], at_start: bool) -> set[int]:
-        firsts = set()
-        for word in words:
-            spellings = [" " + word, " " + word.capitalize()]
-            if at_start:
-                spellings += [word, word.capitalize()]
-            for spelling in spellings:
-                if spelling not in self._first:
-                    tokens = session.compiled.vocabulary.encode(spelling)
-                    self._first[spelling] = tokens[0] if tokens else None
-                if self._first[spelling] is not None:
-                    firsts.add(self._first[spelling])
-        return firsts
 
 
 class GuidedDraft:
@@ -252,8 +197,9 @@ class GuidedDraft:
     CDLH. ``lam = 0`` is the plain greedy draft. The lookahead stops early after a token of the
     draft's own whose probability is below ``stop_below`` (the target is then likely to disagree,
     and drafting further would be wasted). With ``avoid_spent`` (default) the draft does not start
-    a word the reward counts against the text if repeated (``SpentWords``), as CDSL's target does
-    not either: the repeat would cost reward that the lookahead could not win back. ``loop_guard``
+    a word the reward counts against the text if repeated, and with ``avoid_lost`` (default) it
+    writes no token that loses the reward for good (``decoding.guards``), as CDSL's target does not
+    either: the lookahead could not win that reward back. ``loop_guard``
     keeps the draft from writing a block a third time in a row, as the target's guard would refuse
     it (``decoding.loops``).
     """
@@ -262,7 +208,8 @@ class GuidedDraft:
 
     def __init__(self, draft: ModelRunner | Any, reward: Reward | Any, k: int = 5, lam: float = 20.0,
                  optimism: float = 0.5, suggest: bool = True, stop_below: float = 0.5,
-                 avoid_spent: bool = True, loop_guard: LoopGuard | None = SENTENCE_GUARD) -> None:
+                 avoid_spent: bool = True, loop_guard: LoopGuard | None = SENTENCE_GUARD,
+                 avoid_lost: bool = True) -> None:
         _check_unit("optimism", optimism)
         _check_unit("stop_below", stop_below)
         if k < 1:
@@ -273,7 +220,8 @@ class GuidedDraft:
         self.reward, self.k, self.lam = as_reward(reward), k, lam
         self.optimism, self.suggest, self.stop_below = optimism, suggest, stop_below
         self._words = SuggestedWords(self.reward)
-        self._spent = SpentWords(self.reward) if avoid_spent else None
+        self._guard = RewardGuard(self.reward, spent=avoid_spent, lost=avoid_lost) \
+            if avoid_spent or avoid_lost else None
         self.loop_guard = loop_guard
 
     def steps(self, session: Session, proposal: Proposal, budget: int) -> Generator[Passes, list[torch.Tensor], None]:
@@ -288,8 +236,8 @@ class GuidedDraft:
             choice = masked_logits(logits, mask)
             if self.loop_guard is not None:
                 self.loop_guard.guard(choice[None], prefix)
-            if self._spent is not None:
-                choice = self._spent.guard(session, session.answer_of(prefix), choice)
+            if self._guard is not None:
+                choice = self._guard.guard(session, session.answer_of(prefix), choice)
             logp = torch.log_softmax(choice, dim=-1)
             finite = int(torch.isfinite(logp).sum())
             if finite == 0:
@@ -367,7 +315,7 @@ class CDSL:
     avoid_spent: bool = True
     """The target's choices (what it agrees with, its corrections, its own next token, the
     candidates of a CDLH fallback) leave out a word the reward counts against the text if repeated
-    (``Reward.spent``: a keyword already written ``max_repeats`` times; ``SpentWords``), where
+    (``Reward.spent``: a keyword already written ``max_repeats`` times; ``decoding.guards``), where
     anything else is allowed: greedy, the target would otherwise repeat a keyword in a list it
     keeps going ("a game, a kid, a rock, a game"), and reward judged on endings never sees it."""
     loop_guard: LoopGuard | None = SENTENCE_GUARD
@@ -375,6 +323,11 @@ class CDSL:
     builds that) never write a block of tokens a third time in a row (``decoding.loops``): the
     reward judged on endings does not see a sentence that lists "a body, a body, a body" until
     ``max_tokens``, and a target agrees with the cycle its draft started. None: off."""
+    avoid_lost: bool = True
+    """The target's choices and the draft's (when CDSL builds it) leave out a token after which the
+    text has lost the reward for good or ends where it is lost (``Reward.losing``: the comma or full
+    stop that makes the text a list of the keywords), where anything else is allowed: judged on
+    endings, the reward sees a list only once a lookahead ends it, by then agreed by the target."""
     states: Counter = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
@@ -392,11 +345,12 @@ class CDSL:
         if self.reward_on == "auto":
             self.reward_on = "ending" if self.reward.earned_by_end else "text"
         if isinstance(self.draft, (ModelRunner, torch.nn.Module)):
-            self.draft = GuidedDraft(self.draft, self.reward, loop_guard=self.loop_guard)
+            self.draft = GuidedDraft(self.draft, self.reward, loop_guard=self.loop_guard, avoid_lost=self.avoid_lost)
         if self.cdlh is None:
             self.cdlh = CDLH(self.reward, loop_guard=self.loop_guard)
         self._forced: Proposer = forced_proposer()
-        self._spent = SpentWords(self.reward) if self.avoid_spent else None
+        self._guard = RewardGuard(self.reward, spent=self.avoid_spent, lost=self.avoid_lost) \
+            if self.avoid_spent or self.avoid_lost else None
 
     @property
     def branches(self) -> int:
@@ -426,9 +380,9 @@ class CDSL:
         masked = mask_positions(logits, proposal.masks)
         if self.loop_guard is not None:
             session.stats.loop_guarded += self.loop_guard.guard(masked, session.output, tokens)
-        if self._spent is not None:
+        if self._guard is not None:
             for i in range(drafted + 1):
-                self._spent.guard(session, session.answer_of(session.output + tokens[:i]), masked[i])
+                self._guard.guard(session, session.answer_of(session.output + tokens[:i]), masked[i])
         ends = state_ended(session.state, session.compiled)
         accepted, extra = verify(session, proposal, masked)
         agrees = [True] * accepted + [False] + self._judge(session, proposal, masked, start=accepted + 1)
@@ -468,7 +422,7 @@ class CDSL:
         if self.fallback == "target":
             chosen = self._target_token(session, masked[keep], allow_ending=True)
         else:
-            guarded = self._spent is not None or self.loop_guard is not None
+            guarded = self._guard is not None or self.loop_guard is not None
             chosen = yield from self.cdlh.steps(session, masked[keep] if guarded else logits[keep],
                                                 guarded=self.loop_guard is not None)
         return tokens[:keep] + chosen

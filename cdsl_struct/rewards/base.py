@@ -44,7 +44,7 @@ class Reward(ABC):
         """Words that would lower the score if written again after ``text`` (none by default), e.g.
         the inflections of a keyword already written as often as it may be.
 
-        A hint for CDSL, whose draft and target then prefer other words (``SpentWords``); it never
+        A hint for CDSL, whose draft and target then prefer other words (``decoding.guards``); it never
         changes the score or any hard constraint.
         """
         return []
@@ -55,6 +55,20 @@ class Reward(ABC):
         on endings (``earned_by_end``) says so here, so a decoder can turn back at the token that
         lost it instead of at the ending."""
         return False
+
+    guard_marks: str = ""
+    """Characters a token's text holds wherever writing it can lose the reward (``losing``): the
+    decoder asks about those tokens only. Empty (the default): it asks about none."""
+
+    def losing(self, text: str, pieces: Sequence[str | None]) -> list[int]:
+        """The indices of ``pieces`` (the texts of tokens that hold a ``guard_marks`` character;
+        None: the output ends) after which ``text`` has lost the reward for good (``failed``) or
+        ends where its final score is lost. None by default.
+
+        A hint for CDSL, whose draft and target then write something else where anything else is
+        allowed (``decoding.guards``); it never changes the score or any hard constraint.
+        """
+        return []
 
     def __call__(self, text: str, *, final: bool = False) -> float:
         return checked_score(self.score(text, final=final), type(self).__name__)
@@ -106,6 +120,14 @@ class WeightedMean(Reward):
         return all(reward.failed(text) for reward in self.rewards)
 
     @property
+    def guard_marks(self) -> str:  # type: ignore[override]
+        return _marks(self.rewards)
+
+    def losing(self, text: str, pieces: Sequence[str | None]) -> list[int]:
+        """The pieces that lose every part (a mean keeps what one part still earns)."""
+        return sorted(set.intersection(*(set(r.losing(text, pieces)) for r in self.rewards)))
+
+    @property
     def earned_by_end(self) -> bool:  # type: ignore[override]
         return all(r.earned_by_end for r in self.rewards)
 
@@ -131,6 +153,14 @@ class MinReward(Reward):
         return any(reward.failed(text) for reward in self.rewards)
 
     @property
+    def guard_marks(self) -> str:  # type: ignore[override]
+        return _marks(self.rewards)
+
+    def losing(self, text: str, pieces: Sequence[str | None]) -> list[int]:
+        """The pieces that lose any part (the lowest part is the score)."""
+        return sorted(set().union(*(r.losing(text, pieces) for r in self.rewards)))
+
+    @property
     def earned_by_end(self) -> bool:  # type: ignore[override]
         return all(r.earned_by_end for r in self.rewards)
 
@@ -138,3 +168,8 @@ class MinReward(Reward):
 def _merged(lists: Sequence[list[str]]) -> list[str]:
     """The parts' word lists (suggestions, spent words) as one, each word once, in order."""
     return list(dict.fromkeys(word for words in lists for word in words))
+
+
+def _marks(rewards: Sequence[Reward]) -> str:
+    """The parts' ``guard_marks`` as one string, each character once."""
+    return "".join(dict.fromkeys(mark for reward in rewards for mark in reward.guard_marks))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
 from .base import Reward
@@ -33,6 +33,24 @@ def inflections(word: str) -> frozenset[str]:
         for group in getAllInflections(lemma).values():
             forms.update(form.lower() for form in group)
     return frozenset(forms)
+
+
+_SEPARATORS = ",;"
+_STOPS = ".!?"
+
+
+@lru_cache(maxsize=8)
+def _kinds(pieces: tuple[str | None, ...]) -> tuple[list[int], list[int]]:
+    """Which of ``pieces`` have no letters before their last mark (None, the output's end, too),
+    and which have (judged one by one)."""
+    plain, worded = [], []
+    for index, piece in enumerate(pieces):
+        last = None if piece is None else max((i for i, c in enumerate(piece) if c in _SEPARATORS + _STOPS),
+                                              default=None)
+        if piece is not None and last is None:
+            continue
+        (worded if piece is not None and _WORD.search(piece[:last]) else plain).append(index)
+    return plain, worded
 
 
 def list_shaped(text: str, *, final: bool) -> bool:
@@ -118,6 +136,28 @@ class KeywordCoverage(Reward):
     def failed(self, text: str) -> bool:
         """With ``no_lists``: whether ``text`` is already a list of words (``list_shaped``)."""
         return self.no_lists and list_shaped(text, final=False)
+
+    @property
+    def guard_marks(self) -> str:  # type: ignore[override]
+        """With ``no_lists``: a list is made by closing an item (a separator) or by ending the
+        sentence on one (a full stop, or the output's end)."""
+        return _SEPARATORS + _STOPS if self.no_lists else ""
+
+    def losing(self, text: str, pieces: Sequence[str | None]) -> list[int]:
+        """With ``no_lists``: the pieces that make ``text`` a list (``list_shaped``), by closing its
+        last item, or by ending the sentence (a full stop; None, the output's end) as a list."""
+        if not self.no_lists or self.failed(text):
+            return []
+        plain, worded = _kinds(tuple(pieces))
+        # a separator closes the last piece as an item, and so does an ending: either way every
+        # piece of ``text`` is judged, as in its final judgement
+        lost = list(plain) if plain and list_shaped(text, final=True) else []
+        for index in worded:  # letters before a mark: the piece's words count too
+            piece = pieces[index]
+            stop = next((i for i, c in enumerate(piece) if c in _STOPS), None)
+            if self.failed(text + piece) or (stop is not None and list_shaped(text + piece[:stop], final=True)):
+                lost.append(index)
+        return sorted(lost)
 
     def score(self, text: str, *, final: bool) -> float:
         if self.no_lists and list_shaped(text, final=final):

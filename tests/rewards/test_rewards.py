@@ -144,6 +144,30 @@ def test_no_lists_pays_nothing_for_a_list_and_says_when_it_is_lost():
     assert strict.earned_by_end  # still judged on endings: a missing word may come later
 
 
+def test_no_lists_names_the_pieces_that_make_a_list():
+    strict = KeywordCoverage(["jockey", "horse", "race"], no_lists=True)
+    pieces = [",", ".", ");", " and", "ly,", " big race.", None]
+    assert strict.guard_marks and not KeywordCoverage(["jockey"]).guard_marks
+    # a third item: a separator or a stop closes it, the output's end judges it; "ly," lengthens
+    # the last word only; " big race." adds two words to it (three: no item), so it ends no list
+    assert strict.losing("Jockey, horse, race", pieces) == [0, 1, 2, 4, 6]
+    assert strict.losing("Jockey, horse", pieces) == []
+    assert strict.losing("Jockey, horse,", [" race,", " race.", " a very long race,"]) == [0, 1]
+    assert strict.losing("Jockey, horse, race,", pieces) == []  # lost already: nothing to save
+    assert KeywordCoverage(["jockey"]).losing("Jockey, horse, race", pieces) == []
+    assert CallableReward(lambda text: 1.0).losing("Jockey, horse, race", pieces) == []
+
+
+def test_combined_rewards_lose_as_their_rule_says():
+    strict = KeywordCoverage(["a"], no_lists=True)
+    never = CallableReward(lambda text: 1.0)
+    pieces, text = [",", " b"], "Dog, cat, bird"
+    assert MinReward([strict, never]).guard_marks == strict.guard_marks
+    assert MinReward([strict, never]).losing(text, pieces) == [0]
+    assert WeightedMean([strict, never]).losing(text, pieces) == []
+    assert WeightedMean([strict, strict]).losing(text, pieces) == [0]
+
+
 def test_combined_rewards_fail_as_their_rule_says():
     strict = KeywordCoverage(["a"], no_lists=True)
     never = CallableReward(lambda text: 1.0)
