@@ -45,6 +45,7 @@ from cdsl_struct.decoding import (
 from cdsl_struct.models import ModelRunner, batch_runner, check_ragged_once, load_model, self_draft
 from cdsl_struct.prompts import chat_header
 from cdsl_struct.rewards import KeywordCoverage, list_shaped
+from cdsl_struct.rewards.keywords import TALK_ABOUT_WORDS
 
 from . import quality
 from .sentence import LOOSE_SENTENCE, WORD_LIST_SIZE, real_word_share, repeated_block, sentence_grammar
@@ -88,6 +89,9 @@ class CommonGenConfig:
     word_guard: bool = True
     """The guard on words too (``WordLoopGuard``: case, punctuation and token splits aside), as
     ``Generator`` guards keyword sentences; off: on tokens only."""
+    talk: bool = False
+    """With ``no_lists``: let text about the words ("... are all words that ...") earn reward too;
+    off, as ``generate(keywords=...)``'s reward, it earns nothing (``TALK_ABOUT_WORDS``)."""
     list_guard: bool = True
     """CDSL's draft and target write no token that makes the sentence a list of the words, where the
     reward says so (``no_lists``; ``decoding.guards``)."""
@@ -204,7 +208,8 @@ class CommonGenBench:
         for index, case in enumerate(tqdm.tqdm(self.cases, disable=not progress, unit="set")):
             concepts = case["concepts"]
             words = [c.split("_")[0] for c in concepts]
-            reward = KeywordCoverage(concepts, max_repeats=config.max_repeats, no_lists=config.no_lists)
+            reward = KeywordCoverage(concepts, max_repeats=config.max_repeats, no_lists=config.no_lists,
+                                     off_topic=TALK_ABOUT_WORDS if config.no_lists and not config.talk else ())
             prompt = tokenizer.apply_chat_template(
                 [{"role": "user", "content": PROMPT.format(words=", ".join(words))}],
                 add_generation_prompt=True, tokenize=True)["input_ids"]
@@ -306,6 +311,11 @@ def comma_list(text: str) -> bool:
     return text.count(",") >= max(3, len(text.split()) / 4)
 
 
+def about_words(text: str, concepts: list[str]) -> bool:
+    """Whether ``text`` talks about the words (one of ``TALK_ABOUT_WORDS`` that is no concept)."""
+    return KeywordCoverage(concepts, off_topic=TALK_ABOUT_WORDS).failed(text)
+
+
 def method_metrics(sentences: list[dict[str, Any]], max_repeats: int) -> dict[str, Any]:
     """The metrics of one method's ``sentences`` (records as ``run_commongen`` writes them)."""
     n = len(sentences)
@@ -322,6 +332,7 @@ def method_metrics(sentences: list[dict[str, Any]], max_repeats: int) -> dict[st
         "repeated_block": sum(repeated_block(s["text"]) for s in sentences),
         "word_lists": sum(comma_list(s["text"]) for s in sentences),
         "list_shaped": sum(list_shaped(s["text"], final=True) for s in sentences),
+        "about_words": sum(about_words(s["text"], s["concepts"]) for s in sentences),
         "hard_coverage_complete": _mean([h * c for h, c in zip(hard, complete, strict=True)]),
         "nll": _mean(nlls),
         "nll_keyword_tokens": _pooled(sentences, "nll_keyword", lambda s: s["keyword_tokens"]),
@@ -373,7 +384,8 @@ def _report(rows: dict[str, list[dict[str, Any]]], states: dict[str, Counter],
 
 def format_table(report: dict[str, Any]) -> str:
     lines = [f"{'method':8s} {'hard':>6s} {'hard 95% CI':>14s} {'soft':>6s} {'complete':>8s} {'nll':>6s} "
-             f"{'real':>6s} {'>max':>5s} {'cut':>4s} {'loop':>4s} {'lists':>5s} {'bleu':>6s} {'rougeL':>6s} "
+             f"{'real':>6s} {'>max':>5s} {'cut':>4s} {'loop':>4s} {'lists':>5s} {'about':>5s} "
+             f"{'bleu':>6s} {'rougeL':>6s} "
              f"{'wall s':>8s} {'passes':>7s} {'draft':>6s}"
              "  states"]
     for method, row in report["methods"].items():
@@ -382,6 +394,7 @@ def format_table(report: dict[str, Any]) -> str:
                      f"{row['soft_coverage']:6.3f} {row['complete']:8.3f} {row['nll']:6.3f} {row['real_words']:6.3f} "
                      f"{row['over_max_repeats']:5.3f} {row.get('cut_by_max_tokens', -1):4d} "
                      f"{row.get('repeated_block', -1):4d} {row.get('word_lists', -1):5d} "
+                     f"{row.get('about_words', -1):5d} "
                      f"{row['bleu'] or 0:6.2f} {row['rouge_l'] or 0:6.3f} "
                      f"{row['wall_s']:8.1f} {row['target_passes']:7d} {row['draft_passes']:6d}  {row['states'] or ''}")
     lines.append("NLL per token on keyword tokens / the others: " + ", ".join(
@@ -442,6 +455,8 @@ def add_arguments(gen: argparse.ArgumentParser) -> None:
                      help="CDLH and CDSL: let a sentence write a block a third time in a row")
     gen.add_argument("--no-word-guard", dest="word_guard", action="store_false",
                      help="CDLH and CDSL: guard against repeated blocks of tokens only, not of words")
+    gen.add_argument("--talk-about-words", dest="talk", action="store_true",
+                     help="with --no-lists: let text about the words ('... are all words that ...') earn reward")
     gen.add_argument("--no-list-guard", dest="list_guard", action="store_false",
                      help="CDSL: with --no-lists, let the draft and target write the comma or stop that makes a list")
     gen.add_argument("--stop-below", type=float, default=c.stop_below,
@@ -465,6 +480,7 @@ def config_from(args: argparse.Namespace) -> CommonGenConfig:
         reward_on=args.reward_on, commit=args.commit, steer_ratio=args.steer_ratio, draft=args.draft,
         draft_lam=args.draft_lam, suggest=args.suggest, stop_below=args.stop_below, loop_guard=args.loop_guard,
         word_guard=args.word_guard, no_lists=args.no_lists, list_guard=args.list_guard,
+        talk=args.talk,
     )
 
 

@@ -28,7 +28,7 @@ from cdsl_struct.keywords import Keywords
 from cdsl_struct.rewards import list_shaped
 
 from . import quality
-from .commongen import PROMPT, comma_list, load_cases
+from .commongen import PROMPT, about_words, comma_list, load_cases
 
 INSTRUCTIONS = (
     "Write a sentence.",
@@ -110,6 +110,7 @@ def summarise(rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "finished": round(sum(r["finished"] for r in records) / max(len(records), 1), 4),
             "word_lists": sum(comma_list(r["text"]) for r in records),
             "list_shaped": sum(list_shaped(r["text"], final=True) for r in records),
+            "about_words": sum(about_words(r["text"], r["words"]) for r in records),
             "wall_s": round(sum(r["wall_s"] for r in records), 2)}
     if "named" in hard and "unnamed" in hard and any(hard["named"]):
         summary["unnamed_vs_named"] = round(sum(hard["unnamed"]) / sum(hard["named"]), 3)
@@ -121,13 +122,13 @@ def format_table(report: dict[str, Any]) -> str:
     s, c = report["summary"], report["config"]
     lines = [f"split {c['split']}, {c['limit']} sets (seed {c['seed']}), max_tokens {c['max_tokens']}, "
              f"model {c['model']}, draft {c['draft']}",
-             "| condition | hard coverage | 95% CI | finished | word lists | list-shaped | wall s |",
-             "|---|---:|---|---:|---:|---:|---:|"]
+             "| condition | hard coverage | 95% CI | finished | word lists | list-shaped | about the words | wall s |",
+             "|---|---:|---|---:|---:|---:|---:|---:|"]
     for condition in c["conditions"]:
         row = s[condition]
         low, high = row["hard_coverage_ci95"]
         lines.append(f"| {condition} | {row['hard_coverage']:.3f} | [{low:.3f}, {high:.3f}] | {row['finished']:.3f} | "
-                     f"{row['word_lists']} | {row['list_shaped']} | {row['wall_s']} |")
+                     f"{row['word_lists']} | {row['list_shaped']} | {row.get('about_words', '-')} | {row['wall_s']} |")
     if "unnamed_vs_named" in s:
         lines.append(f"unnamed / named hard coverage: {s['unnamed_vs_named']}x "
                      f"(95% CI {s['unnamed_vs_named_ci95']})")

@@ -529,7 +529,7 @@ class Generator:
     def _strategy(self, call: Call) -> Any:
         guard = self._word_guard() if self.loop_guard else None
         if call.method is Method.CDLH:
-            return CDLH(call.reward, loop_guard=guard)
+            return CDLH(call.reward, loop_guard=guard, reward_guard=True)
         if call.method is Method.CDSL:
             return CDSL(self._cdsl_draft_runner(), call.reward, loop_guard=guard)
         return None

@@ -18,6 +18,7 @@ from typing import Any
 from .constraints import Regex
 from .errors import InvalidArgument
 from .rewards import KeywordCoverage
+from .rewards.keywords import TALK_ABOUT_WORDS
 
 MAX_REPEATS = 2
 """Each keyword may appear this often before repeats lower the reward (stuffing never scores)."""
@@ -67,8 +68,9 @@ class Keywords:
     (one sentence, ``SENTENCE``), ``"paragraph"`` (sentences on one line) or ``"text"`` (free
     text); a ``schema``, ``regex``, ``choices``, ``grammar`` or ``tools`` replaces it.
     ``max_repeats``: occurrences of a word that still earn reward. ``no_lists``: a list of the
-    words ("Dog, ride, walk.") earns nothing, so the steering prefers sentences (prose only, not a
-    schema's or a tool call's JSON), and CDSL writes none (``decoding.guards``). ``instruction``:
+    words ("Dog, ride, walk.") earns nothing, nor does text about the words ("Dog, ride, walk are all
+    words that ...": ``TALK_ABOUT_WORDS``), so the steering prefers sentences (prose only, not a
+    schema's or a tool call's JSON), and CDSL writes neither (``decoding.guards``). ``instruction``:
     the sentence that names the words, with ``{words}`` where they go (default: the form's own,
     "Write one sentence that uses the words {words}." for a sentence).
     """
@@ -120,7 +122,9 @@ class Keywords:
     def reward(self, prose: bool = True) -> KeywordCoverage:
         """The coverage reward that steers CDLH and CDSL towards the words. ``no_lists`` judges
         ``prose`` only: a JSON answer's commas separate its values, not a list of the words."""
-        return KeywordCoverage(self.words, max_repeats=self.max_repeats, no_lists=self.no_lists and prose)
+        judged = self.no_lists and prose
+        return KeywordCoverage(self.words, max_repeats=self.max_repeats, no_lists=judged,
+                               off_topic=TALK_ABOUT_WORDS if judged else ())
 
     @property
     def constraint(self) -> Regex | None:

@@ -104,4 +104,6 @@ def test_keywords_alone_answer_in_their_form_and_any_constraint_replaces_it():
     assert not read_arguments(keywords=["dog"], schema={"type": "object"}).reward.no_lists
     assert not read_arguments(keywords=["dog"], tools=[tool]).reward.no_lists
     assert read_arguments(keywords=["dog"], regex="[a-z, ]+").reward.no_lists
+    assert read.reward.off_topic and not read_arguments(keywords=["dog"], schema={"type": "object"}).reward.off_topic
+    assert not read_arguments(keywords={"words": ["dog"], "no_lists": False}).reward.off_topic
     assert read_arguments(regex="[a-z]+").keywords is None

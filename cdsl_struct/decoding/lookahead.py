@@ -72,6 +72,10 @@ class CDLH:
     loop_guard: LoopGuard | None = SENTENCE_GUARD
     """Candidates and roll-outs that would write a block of tokens a third time in a row are
     pushed below every other allowed token (``decoding.loops``); None: off."""
+    reward_guard: bool = False
+    """The candidates leave out spent words and tokens that lose the reward for good
+    (``decoding.guards``) where anything else is allowed. Off by default: CDLH as the paper has it,
+    the baseline CDSL is measured against; ``Generator`` turns it on for its keyword requests."""
 
     def __post_init__(self) -> None:
         _check_unit("optimism", self.optimism)
@@ -82,6 +86,7 @@ class CDLH:
         if self.lam < 0:
             raise ValueError(f"lam must be >= 0, got {self.lam}")
         self.reward = as_reward(self.reward)
+        self._guard = RewardGuard(self.reward) if self.reward_guard else None
 
     @property
     def branches(self) -> int:
@@ -100,6 +105,8 @@ class CDLH:
         masked = apply_bitmask(logits.clone(), session.current_mask())
         if self.loop_guard is not None and not guarded:
             session.stats.loop_guarded += self.loop_guard.guard(masked[None], session.output)
+        if self._guard is not None:
+            self._guard.guard(session, session.answer_of(session.output), masked)
         logp = torch.log_softmax(masked, dim=-1)
         finite = int(torch.isfinite(logp).sum())
         if finite == 0:

@@ -35,6 +35,9 @@ def inflections(word: str) -> frozenset[str]:
     return frozenset(forms)
 
 
+TALK_ABOUT_WORDS = ("word", "sentence", "letter", "phrase", "keyword", "noun", "verb", "alphabet")
+"""Words of text about the keywords rather than with them, which a small model writes when asked
+for a sentence that uses some words ("Ate, food, front is a sentence that uses all the words.")."""
 _SEPARATORS = ",;"
 _STOPS = ".!?"
 
@@ -80,13 +83,15 @@ class KeywordCoverage(Reward):
     and in ``"hard"`` mode any excess scores 0, so repeating a keyword never earns more.
     ``no_lists`` scores 0 for a text that lists words instead of using them in a sentence
     (``list_shaped``): a list holds every keyword at no cost in fluency, and would otherwise earn
-    as much as a sentence.
+    as much as a sentence. ``off_topic``: words (any inflection) a text earns nothing with, e.g.
+    ``TALK_ABOUT_WORDS`` for text about the keywords instead of with them ("Boat, dock, water are
+    all words that use all the letters of the alphabet."); a keyword is never off topic.
     """
 
     earned_by_end = True
 
     def __init__(self, words: Iterable[str], mode: str = "soft", max_repeats: int | None = None,
-                 no_lists: bool = False) -> None:
+                 no_lists: bool = False, off_topic: Iterable[str] = ()) -> None:
         if mode not in ("soft", "hard"):
             raise ValueError(f"mode must be 'soft' or 'hard', got {mode!r}")
         if max_repeats is not None and max_repeats < 1:
@@ -98,6 +103,9 @@ class KeywordCoverage(Reward):
         self.max_repeats = max_repeats
         self.no_lists = no_lists
         self._forms = [inflections(w) for w in self.words]
+        own = frozenset().union(*self._forms)
+        self.off_topic = [w.lower() for w in off_topic if not inflections(w) & own]
+        self._off_topic_forms = frozenset().union(*(inflections(w) for w in self.off_topic))
 
     def counts(self, text: str) -> list[int]:
         """How often each word occurs in ``text`` (any inflection), in the order of ``words``."""
@@ -127,15 +135,20 @@ class KeywordCoverage(Reward):
 
     def spent(self, text: str) -> list[str]:
         """Every inflection of every word already written ``max_repeats`` times in ``text`` (one
-        more would count against the score); none without a limit."""
-        if self.max_repeats is None:
-            return []
-        return [form for forms, count in zip(self._forms, self.counts(text), strict=True)
-                if count >= self.max_repeats for form in sorted(forms)]
+        more would count against the score), and of every ``off_topic`` word (one would lose it)."""
+        spent = sorted(self._off_topic_forms)
+        if self.max_repeats is not None:
+            spent += [form for forms, count in zip(self._forms, self.counts(text), strict=True)
+                      if count >= self.max_repeats for form in sorted(forms)]
+        return spent
 
     def failed(self, text: str) -> bool:
-        """With ``no_lists``: whether ``text`` is already a list of words (``list_shaped``)."""
-        return self.no_lists and list_shaped(text, final=False)
+        """Whether ``text`` has lost the reward for good: it holds an ``off_topic`` word, or, with
+        ``no_lists``, it is already a list of words (``list_shaped``)."""
+        return self._talks_off_topic(text) or (self.no_lists and list_shaped(text, final=False))
+
+    def _talks_off_topic(self, text: str) -> bool:
+        return bool(self._off_topic_forms) and any(w.lower() in self._off_topic_forms for w in _WORD.findall(text))
 
     @property
     def guard_marks(self) -> str:  # type: ignore[override]
@@ -160,7 +173,7 @@ class KeywordCoverage(Reward):
         return sorted(lost)
 
     def score(self, text: str, *, final: bool) -> float:
-        if self.no_lists and list_shaped(text, final=final):
+        if (self.no_lists and list_shaped(text, final=final)) or self._talks_off_topic(text):
             return 0.0
         covered, excess = len(self.covered(text)), self.excess(text)
         if self.mode == "hard":

@@ -9,7 +9,7 @@ import torch
 from cdsl_struct import Regex, compile
 from cdsl_struct.decoding import DraftModelProposer, decode
 from cdsl_struct.decoding.guards import RewardGuard, marked_tokens
-from cdsl_struct.decoding.lookahead import CDSL, GuidedDraft
+from cdsl_struct.decoding.lookahead import CDLH, CDSL, GuidedDraft
 from cdsl_struct.models.runner import ModelRunner
 from cdsl_struct.rewards import KeywordCoverage, Reward, list_shaped
 from tests.decoding.test_mechanics_tiny import PROMPT, letters_vocab, tiny_model
@@ -112,6 +112,20 @@ def test_list_guard_keeps_off_exactly_the_tokens_that_make_a_list(vocab_of, text
 def _written_letter(compiled, runner):
     """A letter the plain greedy ``runner`` writes."""
     return decode(runner, compiled, PROMPT, max_tokens=8).text[1]
+
+
+def test_cdlh_with_the_reward_guard_writes_no_token_that_loses_its_reward(letters):
+    target = ModelRunner(tiny_model(1))
+    letter = _written_letter(letters, target)
+    loses = Loses(letter)
+
+    def text(reward_guard):
+        cdlh = CDLH(loses, k=3, d=2, reward_guard=reward_guard)
+        return decode(target, letters, PROMPT, max_tokens=8, strategy=cdlh).text
+
+    guarded = text(True)
+    assert re.fullmatch(PATTERN, guarded) and letter not in guarded
+    assert letter in text(False)  # the paper's CDLH: the roll-outs' reward alone
 
 
 @pytest.mark.parametrize("fallback", ["target", "cdlh"])

@@ -15,6 +15,7 @@ from cdsl_struct.rewards import (
     WeightedMean,
     list_shaped,
 )
+from cdsl_struct.rewards.keywords import TALK_ABOUT_WORDS
 
 
 def test_keyword_coverage_counts_inflections():
@@ -166,6 +167,19 @@ def test_combined_rewards_lose_as_their_rule_says():
     assert MinReward([strict, never]).losing(text, pieces) == [0]
     assert WeightedMean([strict, never]).losing(text, pieces) == []
     assert WeightedMean([strict, strict]).losing(text, pieces) == [0]
+
+
+def test_text_about_the_words_earns_nothing_and_is_kept_off_before_it_is_written():
+    about = KeywordCoverage(["boat", "dock"], off_topic=TALK_ABOUT_WORDS)
+    talk, sentence = "Boat, dock are all words that use the alphabet.", "The boat sat at the dock."
+    assert about(sentence, final=True) == 1.0 and about(talk, final=True) == 0.0
+    assert KeywordCoverage(["boat", "dock"])(talk, final=True) == 1.0
+    assert about.failed("Boat and dock are words") and not about.failed(sentence)
+    assert {"word", "words", "sentence", "letters"} <= set(about.spent(sentence))  # off before it is written
+    # a keyword is never off topic
+    own = KeywordCoverage(["word", "dog"], off_topic=TALK_ABOUT_WORDS)
+    assert "word" not in own.off_topic and not own.failed("The dog heard a word.")
+    assert "words" not in own.spent("The dog")
 
 
 def test_combined_rewards_fail_as_their_rule_says():
