@@ -44,8 +44,7 @@ from cdsl_struct.decoding import (
 )
 from cdsl_struct.models import ModelRunner, batch_runner, check_ragged_once, load_model, self_draft
 from cdsl_struct.prompts import chat_header
-from cdsl_struct.rewards import KeywordCoverage, list_shaped
-from cdsl_struct.rewards.keywords import TALK_ABOUT_WORDS
+from cdsl_struct.rewards import TALK_ABOUT_WORDS, KeywordCoverage, list_shaped
 
 from . import quality
 from .sentence import LOOSE_SENTENCE, WORD_LIST_SIZE, real_word_share, repeated_block, sentence_grammar
@@ -316,6 +315,13 @@ def about_words(text: str, concepts: list[str]) -> bool:
     return KeywordCoverage(concepts, off_topic=TALK_ABOUT_WORDS).failed(text)
 
 
+def keyword_opening(text: str, concepts: list[str]) -> bool:
+    """Whether ``text`` opens with a keyword as an item of its own ("Jump, pool, stand are all ..."):
+    its first piece, closed by its comma, has lost a ``no_lists`` reward."""
+    head, comma, _ = text.partition(",")
+    return bool(comma) and KeywordCoverage(concepts, no_lists=True).failed(head + comma)
+
+
 def method_metrics(sentences: list[dict[str, Any]], max_repeats: int) -> dict[str, Any]:
     """The metrics of one method's ``sentences`` (records as ``run_commongen`` writes them)."""
     n = len(sentences)
@@ -333,6 +339,7 @@ def method_metrics(sentences: list[dict[str, Any]], max_repeats: int) -> dict[st
         "word_lists": sum(comma_list(s["text"]) for s in sentences),
         "list_shaped": sum(list_shaped(s["text"], final=True) for s in sentences),
         "about_words": sum(about_words(s["text"], s["concepts"]) for s in sentences),
+        "keyword_opening": sum(keyword_opening(s["text"], s["concepts"]) for s in sentences),
         "hard_coverage_complete": _mean([h * c for h, c in zip(hard, complete, strict=True)]),
         "nll": _mean(nlls),
         "nll_keyword_tokens": _pooled(sentences, "nll_keyword", lambda s: s["keyword_tokens"]),
@@ -384,7 +391,7 @@ def _report(rows: dict[str, list[dict[str, Any]]], states: dict[str, Counter],
 
 def format_table(report: dict[str, Any]) -> str:
     lines = [f"{'method':8s} {'hard':>6s} {'hard 95% CI':>14s} {'soft':>6s} {'complete':>8s} {'nll':>6s} "
-             f"{'real':>6s} {'>max':>5s} {'cut':>4s} {'loop':>4s} {'lists':>5s} {'about':>5s} "
+             f"{'real':>6s} {'>max':>5s} {'cut':>4s} {'loop':>4s} {'lists':>5s} {'about':>5s} {'opens':>5s} "
              f"{'bleu':>6s} {'rougeL':>6s} "
              f"{'wall s':>8s} {'passes':>7s} {'draft':>6s}"
              "  states"]
@@ -394,7 +401,7 @@ def format_table(report: dict[str, Any]) -> str:
                      f"{row['soft_coverage']:6.3f} {row['complete']:8.3f} {row['nll']:6.3f} {row['real_words']:6.3f} "
                      f"{row['over_max_repeats']:5.3f} {row.get('cut_by_max_tokens', -1):4d} "
                      f"{row.get('repeated_block', -1):4d} {row.get('word_lists', -1):5d} "
-                     f"{row.get('about_words', -1):5d} "
+                     f"{row.get('about_words', -1):5d} {row.get('keyword_opening', -1):5d} "
                      f"{row['bleu'] or 0:6.2f} {row['rouge_l'] or 0:6.3f} "
                      f"{row['wall_s']:8.1f} {row['target_passes']:7d} {row['draft_passes']:6d}  {row['states'] or ''}")
     lines.append("NLL per token on keyword tokens / the others: " + ", ".join(

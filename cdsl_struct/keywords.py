@@ -17,8 +17,7 @@ from typing import Any
 
 from .constraints import Regex
 from .errors import InvalidArgument
-from .rewards import KeywordCoverage
-from .rewards.keywords import TALK_ABOUT_WORDS
+from .rewards import TALK_ABOUT_WORDS, KeywordCoverage
 
 MAX_REPEATS = 2
 """Each keyword may appear this often before repeats lower the reward (stuffing never scores)."""

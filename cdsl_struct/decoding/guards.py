@@ -1,9 +1,11 @@
-"""``RewardGuard``: keeps CDSL's next token off what its reward counts against the text.
+"""``RewardGuard``: keeps CDSL's next token (and the ``Generator``'s CDLH candidates) off what the
+reward counts against the text.
 
 Two kinds of token are kept off, each where the reward says so:
 
-- the first token of a word already written as often as it may be (``Reward.spent``): a keyword
-  repeated in a list the target keeps going ("a game, a kid, a rock, a game");
+- the first token of a spent word (``Reward.spent``): a keyword already written as often as it may
+  be, repeated in a list the target keeps going ("a game, a kid, a rock, a game"), or a word the
+  text earns nothing with at all ("... are all words that ...": ``KeywordCoverage.off_topic``);
 - a token after which the text has lost the reward for good, or ends where its final score is
   lost (``Reward.losing``): the comma that makes "Bartender, bottle, drink" a list of the words,
   or the full stop that ends "Car, drive, pedestrian" as one. A reward judged on endings sees

@@ -6,10 +6,11 @@ constraint already allows.
 
 from .base import CallableReward, MinReward, Reward, RewardError, WeightedMean, checked_score
 from .harmlessness import Harmlessness
-from .keywords import KeywordCoverage, inflections, list_shaped
+from .keywords import TALK_ABOUT_WORDS, KeywordCoverage, inflections, list_shaped
 from .progress import RegexMatch, SchemaProgress
 
 __all__ = [
+    "TALK_ABOUT_WORDS",
     "CallableReward",
     "Harmlessness",
     "KeywordCoverage",

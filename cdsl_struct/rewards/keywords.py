@@ -43,17 +43,21 @@ _STOPS = ".!?"
 
 
 @lru_cache(maxsize=8)
-def _kinds(pieces: tuple[str | None, ...]) -> tuple[list[int], list[int]]:
-    """Which of ``pieces`` have no letters before their last mark (None, the output's end, too),
-    and which have (judged one by one)."""
-    plain, worded = [], []
+def _kinds(pieces: tuple[str | None, ...]) -> tuple[list[int], list[int], list[int]]:
+    """Which of ``pieces`` have no letters before their last mark: those that hold a separator,
+    those that only end a sentence (None, the output's end, too); and which have letters there
+    (judged one by one)."""
+    separated, ending, worded = [], [], []
     for index, piece in enumerate(pieces):
         last = None if piece is None else max((i for i, c in enumerate(piece) if c in _SEPARATORS + _STOPS),
                                               default=None)
         if piece is not None and last is None:
             continue
-        (worded if piece is not None and _WORD.search(piece[:last]) else plain).append(index)
-    return plain, worded
+        if piece is not None and _WORD.search(piece[:last]):
+            worded.append(index)
+        else:
+            (separated if piece is not None and any(c in _SEPARATORS for c in piece) else ending).append(index)
+    return separated, ending, worded
 
 
 def list_shaped(text: str, *, final: bool) -> bool:
@@ -82,8 +86,9 @@ class KeywordCoverage(Reward):
     ``max_repeats`` (inflections count as the word) takes one word's share off the soft score,
     and in ``"hard"`` mode any excess scores 0, so repeating a keyword never earns more.
     ``no_lists`` scores 0 for a text that lists words instead of using them in a sentence
-    (``list_shaped``): a list holds every keyword at no cost in fluency, and would otherwise earn
-    as much as a sentence. ``off_topic``: words (any inflection) a text earns nothing with, e.g.
+    (``list_shaped``), or that opens by listing them, a keyword as an item of its own ("Jump, pool,
+    stand are all the same."): a list holds every keyword at no cost in fluency, and would
+    otherwise earn as much as a sentence. ``off_topic``: words (any inflection) a text earns nothing with, e.g.
     ``TALK_ABOUT_WORDS`` for text about the keywords instead of with them ("Boat, dock, water are
     all words that use all the letters of the alphabet."); a keyword is never off topic.
     """
@@ -144,8 +149,20 @@ class KeywordCoverage(Reward):
 
     def failed(self, text: str) -> bool:
         """Whether ``text`` has lost the reward for good: it holds an ``off_topic`` word, or, with
-        ``no_lists``, it is already a list of words (``list_shaped``)."""
-        return self._talks_off_topic(text) or (self.no_lists and list_shaped(text, final=False))
+        ``no_lists``, it is already a list of words or opens as one."""
+        return self._talks_off_topic(text) or (self.no_lists and self._listed(text, final=False))
+
+    def _listed(self, text: str, final: bool) -> bool:
+        """``list_shaped``, or opening with a keyword as an item of its own ("Jump, pool, stand are
+        all the same."): the words of the request listed as the sentence's subject."""
+        return list_shaped(text, final=final) or self._opens_with_keyword(text)
+
+    def _opens_with_keyword(self, text: str) -> bool:
+        pieces = re.split(r"[,;]", text, maxsplit=1)
+        if len(pieces) < 2:
+            return False
+        words = [w.lower() for w in _WORD.findall(pieces[0]) if w.lower() not in _FILLERS]
+        return 0 < len(words) <= ITEM_WORDS and any(w in forms for w in words for forms in self._forms)
 
     def _talks_off_topic(self, text: str) -> bool:
         return bool(self._off_topic_forms) and any(w.lower() in self._off_topic_forms for w in _WORD.findall(text))
@@ -157,23 +174,28 @@ class KeywordCoverage(Reward):
         return _SEPARATORS + _STOPS if self.no_lists else ""
 
     def losing(self, text: str, pieces: Sequence[str | None]) -> list[int]:
-        """With ``no_lists``: the pieces that make ``text`` a list (``list_shaped``), by closing its
-        last item, or by ending the sentence (a full stop; None, the output's end) as a list."""
+        """With ``no_lists``: the pieces that make ``text`` a list, by closing its last item (or a
+        keyword that opens it as one), or by ending the sentence (a full stop; None, the output's
+        end) as a list."""
         if not self.no_lists or self.failed(text):
             return []
-        plain, worded = _kinds(tuple(pieces))
-        # a separator closes the last piece as an item, and so does an ending: either way every
-        # piece of ``text`` is judged, as in its final judgement
-        lost = list(plain) if plain and list_shaped(text, final=True) else []
+        separated, ending, worded = _kinds(tuple(pieces))
+        lost = []
+        # a separator closes the last piece (a list's item, or a keyword opening the sentence as one);
+        # an ending judges every piece as final
+        if separated and self._listed(text + _SEPARATORS[0], final=False):
+            lost += separated
+        if ending and list_shaped(text, final=True):
+            lost += ending
         for index in worded:  # letters before a mark: the piece's words count too
             piece = pieces[index]
             stop = next((i for i, c in enumerate(piece) if c in _STOPS), None)
-            if self.failed(text + piece) or (stop is not None and list_shaped(text + piece[:stop], final=True)):
+            if self.failed(text + piece) or (stop is not None and self._listed(text + piece[:stop], final=True)):
                 lost.append(index)
         return sorted(lost)
 
     def score(self, text: str, *, final: bool) -> float:
-        if (self.no_lists and list_shaped(text, final=final)) or self._talks_off_topic(text):
+        if (self.no_lists and self._listed(text, final=final)) or self._talks_off_topic(text):
             return 0.0
         covered, excess = len(self.covered(text)), self.excess(text)
         if self.mode == "hard":

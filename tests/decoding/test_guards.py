@@ -81,14 +81,15 @@ def test_marked_tokens_are_built_once_with_the_ends_last(vocab_of):
     assert vocabulary.encode(",")[0] in ids and vocabulary.encode(" the")[0] not in ids
 
 
-@pytest.mark.parametrize("text, lists", [
-    ("Bartender, bottle, drink", True),     # a third item: its comma, its full stop, the end make a list
-    ("Car, drive, front of a road, pedestrian", True),
-    ("Bartender, bottle", False),           # two items and a comma: not yet
-    ("The man, who was tall, walked", False),
-    ("He bought eggs, milk", False),
+@pytest.mark.parametrize("text, closing, ending", [
+    ("Bartender, bottle, drink", True, True),     # a third item: its comma, its full stop, the end make a list
+    ("Car, drive, front of a road, pedestrian", True, True),
+    ("Bartender, bottle", False, False),          # two items and a comma: not yet
+    ("The man, who was tall, walked", False, False),
+    ("He bought eggs, milk", False, False),
+    ("Fresh beer", True, False),                  # a keyword opening the sentence as an item of its own
 ])
-def test_list_guard_keeps_off_exactly_the_tokens_that_make_a_list(vocab_of, text, lists):
+def test_list_guard_keeps_off_exactly_the_tokens_that_make_a_list(vocab_of, text, closing, ending):
     vocabulary = vocab_of("smollm2")
     session = SimpleNamespace(compiled=SimpleNamespace(vocabulary=vocabulary))
     reward = KeywordCoverage(["bar", "beer", "drink"], no_lists=True)
@@ -102,8 +103,8 @@ def test_list_guard_keeps_off_exactly_the_tokens_that_make_a_list(vocab_of, text
         stop = next((i for i, c in enumerate(piece) if c in ".!?"), None)
         loses = reward.failed(text + piece) or (stop is not None and list_shaped(text + piece[:stop], final=True))
         assert (token in blocked) == loses, (text, piece)
-    assert all(eos in blocked for eos in vocabulary.eos_token_ids) == lists
-    assert (vocabulary.encode(",")[0] in blocked) == lists and (vocabulary.encode(".")[0] in blocked) == lists
+    assert all(eos in blocked for eos in vocabulary.eos_token_ids) == ending
+    assert (vocabulary.encode(",")[0] in blocked) == closing and (vocabulary.encode(".")[0] in blocked) == ending
     assert not RewardGuard(KeywordCoverage(["bar"], no_lists=False)).blocked(session, text)
     assert not RewardGuard(reward, lost=False).blocked(session, text)
     assert not RewardGuard(reward).blocked(session, text + ", pour,")  # already a list: nothing to save

@@ -5,6 +5,7 @@ import math
 import pytest
 
 from cdsl_struct.rewards import (
+    TALK_ABOUT_WORDS,
     CallableReward,
     Harmlessness,
     KeywordCoverage,
@@ -15,7 +16,6 @@ from cdsl_struct.rewards import (
     WeightedMean,
     list_shaped,
 )
-from cdsl_struct.rewards.keywords import TALK_ABOUT_WORDS
 
 
 def test_keyword_coverage_counts_inflections():
@@ -140,7 +140,7 @@ def test_no_lists_pays_nothing_for_a_list_and_says_when_it_is_lost():
     listed, sentence = "Jockey, horse, race.", "The jockey rode his horse in the race."
     assert plain(listed, final=True) == 1.0 and strict(listed, final=True) == 0.0
     assert strict(sentence, final=True) == 1.0
-    assert not strict.failed("Jockey, horse") and strict.failed("Jockey, horse, race,")
+    assert not strict.failed("He saw a jockey, horse") and strict.failed("He saw a jockey, horse, race, crowd,")
     assert not plain.failed("Jockey, horse, race,")
     assert strict.earned_by_end  # still judged on endings: a missing word may come later
 
@@ -151,9 +151,9 @@ def test_no_lists_names_the_pieces_that_make_a_list():
     assert strict.guard_marks and not KeywordCoverage(["jockey"]).guard_marks
     # a third item: a separator or a stop closes it, the output's end judges it; "ly," lengthens
     # the last word only; " big race." adds two words to it (three: no item), so it ends no list
-    assert strict.losing("Jockey, horse, race", pieces) == [0, 1, 2, 4, 6]
-    assert strict.losing("Jockey, horse", pieces) == []
-    assert strict.losing("Jockey, horse,", [" race,", " race.", " a very long race,"]) == [0, 1]
+    assert strict.losing("He saw a jockey, horse, race, crowd", pieces) == [0, 1, 2, 4, 6]
+    assert strict.losing("He saw a jockey, horse", pieces) == []
+    assert strict.losing("He saw a jockey, horse, crowd,", [" race,", " race.", " a very long race,"]) == [0, 1]
     assert strict.losing("Jockey, horse, race,", pieces) == []  # lost already: nothing to save
     assert KeywordCoverage(["jockey"]).losing("Jockey, horse, race", pieces) == []
     assert CallableReward(lambda text: 1.0).losing("Jockey, horse, race", pieces) == []
@@ -180,6 +180,17 @@ def test_text_about_the_words_earns_nothing_and_is_kept_off_before_it_is_written
     own = KeywordCoverage(["word", "dog"], off_topic=TALK_ABOUT_WORDS)
     assert "word" not in own.off_topic and not own.failed("The dog heard a word.")
     assert "words" not in own.spent("The dog")
+
+
+def test_a_sentence_that_opens_by_listing_a_keyword_is_lost():
+    strict = KeywordCoverage(["jump", "pool", "stand"], no_lists=True)
+    assert strict.failed("Jump,") and strict.failed("The pool, stand")
+    assert strict("Jump, pool, stand are all the same.", final=True) == 0.0
+    assert strict("He jumps into the pool, then stands.", final=True) == 1.0
+    assert not strict.failed("The man, who was tall,") and not strict.failed("Jumping into the pool,")
+    assert not KeywordCoverage(["jump"]).failed("Jump,")
+    # the comma that would open the list is kept off, the full stop and the end are not
+    assert strict.losing("Jump", [",", ".", None]) == [0]
 
 
 def test_combined_rewards_fail_as_their_rule_says():
