@@ -12,24 +12,10 @@ from cdsl_struct.decoding.guards import RewardGuard, marked_tokens
 from cdsl_struct.decoding.lookahead import CDLH, CDSL, GuidedDraft
 from cdsl_struct.models.runner import ModelRunner
 from cdsl_struct.rewards import KeywordCoverage, Reward, list_shaped
+from tests.decoding.test_lookahead import Spends
 from tests.decoding.test_mechanics_tiny import PROMPT, letters_vocab, tiny_model
 
 PATTERN = "[a-h]{2,6}"
-
-
-class Spends(Reward):
-    """Flat, but counts ``letter`` against the text once it appears."""
-
-    earned_by_end = True
-
-    def __init__(self, letter: str) -> None:
-        self.letter = letter
-
-    def score(self, text, *, final):
-        return 1.0
-
-    def spent(self, text):
-        return [self.letter] if self.letter in text else []
 
 
 class Loses(Reward):
