@@ -100,7 +100,7 @@ class CDLH:
         state = session.state
         if logits is None:
             if closing(session):
-                return (yield from closing_step(session))
+                return (yield from closing_step(session, self._guard))
             logits = (yield Passes.target(Feed(MAIN, session.sequence)))[0][-1]
         masked = apply_bitmask(logits.clone(), session.current_mask())
         if self.loop_guard is not None and not guarded:
@@ -368,7 +368,7 @@ class CDSL:
         """One CDSL step: the lookahead (draft passes), one target pass verifying it, and the
         commit of its state (a fallback CDLH step adds its roll-out passes)."""
         if closing(session):
-            return (yield from closing_step(session))
+            return (yield from closing_step(session, self._guard))
         proposal = Proposal()
         room = session.max_tokens - len(session.output) - 1
         if room > 0:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -27,6 +27,9 @@ from ..result import DecodeStats, Result, parse_value
 from .budget import BudgetCloser
 from .sampling import SamplingParams, choose, distribution, draw_tokens, speculative_verdict
 from .strategy import MAIN, Passes, StepProgram
+
+if TYPE_CHECKING:
+    from .guards import RewardGuard
 
 _log = logging.getLogger(__name__)
 
@@ -182,15 +185,19 @@ def closing(session: Session) -> bool:
     return session.budget is not None and session.budget.watching(session)
 
 
-def closing_step(session: Session) -> StepProgram:
+def closing_step(session: Session, guard: RewardGuard | None = None) -> StepProgram:
     """A plain target step under the budget closer, as a target row near its end takes: the tokens
     the constraint forces, one target pass, and the model's token among those the closer allows (no
-    reward: the ending's shape is the budget's)."""
+    reward: the ending's shape is the budget's). ``guard``: of those, the ones the reward counts
+    against the text are left out where another is allowed (``decoding.guards``)."""
     proposal = propose(session, [forced_proposer()], 0, session.max_tokens)
     tokens = proposal.tokens
     logits = (yield Passes.target(Feed(MAIN, session.sequence + tokens, len(tokens) + 1)))[0]
     fill_deferred_masks(session, proposal)
-    return commit(session, proposal, mask_positions(logits, proposal.masks))
+    masked = mask_positions(logits, proposal.masks)
+    if guard is not None:
+        guard.guard(session, session.answer_of(session.output + tokens), masked[-1])
+    return commit(session, proposal, masked)
 
 
 def truncate(session: Session, proposal: Proposal, keep: int) -> None:

@@ -130,3 +130,27 @@ def test_cdsl_writes_no_token_that_loses_its_reward(letters, fallback):
     guarded = text(True)
     assert re.fullmatch(PATTERN, guarded) and letter not in guarded
     assert letter in text(False)  # without the guard, ending-judged reward lets the target write it
+
+
+@pytest.mark.parametrize("method", ["cdsl", "cdlh"])
+def test_the_budget_closers_steps_keep_off_tokens_that_lose_the_reward(monkeypatch, method):
+    """Near ``max_tokens`` the closer steps a lookahead row; its choice among the tokens after which
+    an ending still fits leaves the reward's losing tokens out too."""
+    from cdsl_struct.decoding import lookahead
+
+    compiled = compile(Regex("[a-h]{3,8}"), letters_vocab(), backend="llguidance")
+    target = ModelRunner(tiny_model(1))
+    draft = DraftModelProposer(ModelRunner(tiny_model(2)))
+    loses = Loses("a")  # the plain greedy target writes "ea..."
+
+    def text():
+        strategy = CDSL(GuidedDraft(draft.runner, loses), loses, d=3) if method == "cdsl" else \
+            CDLH(loses, k=3, d=2, reward_guard=True)
+        result = decode(target, compiled, PROMPT, max_tokens=3, strategy=strategy, on_budget="close")
+        assert result.closed_by_budget and re.fullmatch("[a-h]{3,8}", result.text)
+        return result.text
+
+    assert "a" not in text()
+    closing_step = lookahead.closing_step
+    monkeypatch.setattr(lookahead, "closing_step", lambda session, guard=None: closing_step(session))
+    assert "a" in text()  # the closer's steps unguarded: the letter comes back
