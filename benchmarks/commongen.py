@@ -17,6 +17,7 @@ target / draft pass counters.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import math
@@ -92,8 +93,8 @@ class CommonGenConfig:
     """With ``no_lists``: let text about the words ("... are all words that ...") earn reward too;
     off, as ``generate(keywords=...)``'s reward, it earns nothing (``TALK_ABOUT_WORDS``)."""
     list_guard: bool = True
-    """CDSL's draft and target write no token that makes the sentence a list of the words, where the
-    reward says so (``no_lists``; ``decoding.guards``)."""
+    """CDSL's draft, target and fallback (its candidates and roll-outs) write no token that makes the
+    sentence a list of the words, where the reward says so (``no_lists``; ``decoding.guards``)."""
     cdsl_temperature: float = 0.0
     """0: CDSL accepts by greedy matching; > 0: by speculative sampling at this temperature
     (seeded per concept set), the target's own tokens sampled too."""
@@ -298,7 +299,8 @@ def make_strategy(method: str, reward: KeywordCoverage, draft_runner: ModelRunne
                             suggest=config.suggest, stop_below=config.stop_below, loop_guard=guard,
                             avoid_lost=config.list_guard)
         return CDSL(draft, reward, d=config.cdsl_d, acceptance_threshold=config.acceptance_threshold,
-                    reward_threshold=config.reward_threshold, fallback=config.fallback, cdlh=cdlh,
+                    reward_threshold=config.reward_threshold, fallback=config.fallback,
+                    cdlh=dataclasses.replace(cdlh, reward_guard=config.list_guard),
                     reward_on=config.reward_on, commit=config.commit, steer_ratio=config.steer_ratio,
                     loop_guard=guard, avoid_lost=config.list_guard)
     raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
@@ -465,7 +467,8 @@ def add_arguments(gen: argparse.ArgumentParser) -> None:
     gen.add_argument("--talk-about-words", dest="talk", action="store_true",
                      help="with --no-lists: let text about the words ('... are all words that ...') earn reward")
     gen.add_argument("--no-list-guard", dest="list_guard", action="store_false",
-                     help="CDSL: with --no-lists, let the draft and target write the comma or stop that makes a list")
+                     help="CDSL: with --no-lists, let the draft, the target and the fallback's candidates and "
+                          "roll-outs write the comma or stop that makes a list")
     gen.add_argument("--stop-below", type=float, default=c.stop_below,
                      help=f"CDSL draft: end a lookahead after an unsure own token (default p < {c.stop_below})")
     gen.add_argument("--no-suggest", dest="suggest", action="store_false",

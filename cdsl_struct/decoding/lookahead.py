@@ -73,9 +73,10 @@ class CDLH:
     """Candidates and roll-outs that would write a block of tokens a third time in a row are
     pushed below every other allowed token (``decoding.loops``); None: off."""
     reward_guard: bool = False
-    """The candidates leave out spent words and tokens that lose the reward for good
-    (``decoding.guards``) where anything else is allowed. Off by default: CDLH as the paper has it,
-    the baseline CDSL is measured against; ``Generator`` turns it on for its keyword requests."""
+    """The candidates and their roll-outs leave out spent words and tokens that lose the reward for
+    good (``decoding.guards``) where anything else is allowed. Off by default: CDLH as the paper
+    has it, the baseline CDSL is measured against; ``Generator`` turns it on for its keyword
+    requests, and CDSL for the fallback it builds (with ``avoid_lost``)."""
 
     def __post_init__(self) -> None:
         _check_unit("optimism", self.optimism)
@@ -113,7 +114,7 @@ class CDLH:
             return []
         top = torch.topk(logp, min(self.k, finite))
         candidates = [int(t) for t in top.indices]
-        rollouts, ended = yield from greedy_rollouts(session, candidates, self.d, self.loop_guard)
+        rollouts, ended = yield from greedy_rollouts(session, candidates, self.d, self.loop_guard, self._guard)
         best, best_score = candidates[0], -float("inf")
         for candidate, lp, rollout, end in zip(candidates, top.values.tolist(), rollouts, ended, strict=True):
             tokens = session.output + [candidate] + rollout
@@ -125,13 +126,15 @@ class CDLH:
         return [best]
 
 
-def greedy_rollouts(session: Session, candidates: list[int], d: int,
-                    loop_guard: LoopGuard | None = None) -> StepProgram:
+def greedy_rollouts(session: Session, candidates: list[int], d: int, loop_guard: LoopGuard | None = None,
+                    guard: RewardGuard | None = None) -> StepProgram:
     """Greedy masked ``d``-token continuations by the target of every candidate next token after
     the session's sequence, and whether each ends the output: a program of ``d`` target passes,
     each roll-out a branch of the sequence's cache (local key ``("rollout", i)``); a roll-out that
     ends or meets a dead end is fed no further. ``loop_guard`` keeps each roll-out out of cycles
-    as the committed output is kept."""
+    as the committed output is kept; ``guard``, off what the reward counts against it, as the
+    candidates are (so a candidate is not judged by a roll-out that loses the reward where another
+    token would not)."""
     if d == 0:
         return [[] for _ in candidates], [output_ended(session, c) for c in candidates]
     states = []
@@ -153,6 +156,8 @@ def greedy_rollouts(session: Session, candidates: list[int], d: int,
             choice = apply_bitmask(row_logits[-1].clone(), row)
             if loop_guard is not None:
                 loop_guard.guard(choice[None], session.output + [candidates[i]] + rollouts[i])
+            if guard is not None:
+                guard.guard(session, session.answer_of(session.output + [candidates[i]] + rollouts[i]), choice)
             if not torch.isfinite(choice).any():
                 states[i].finished = True  # a dead end: the roll-out ends here
                 continue
@@ -354,7 +359,7 @@ class CDSL:
         if isinstance(self.draft, (ModelRunner, torch.nn.Module)):
             self.draft = GuidedDraft(self.draft, self.reward, loop_guard=self.loop_guard, avoid_lost=self.avoid_lost)
         if self.cdlh is None:
-            self.cdlh = CDLH(self.reward, loop_guard=self.loop_guard)
+            self.cdlh = CDLH(self.reward, loop_guard=self.loop_guard, reward_guard=self.avoid_lost)
         self._forced: Proposer = forced_proposer()
         self._guard = RewardGuard(self.reward, spent=self.avoid_spent, lost=self.avoid_lost) \
             if self.avoid_spent or self.avoid_lost else None

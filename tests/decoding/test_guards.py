@@ -154,3 +154,22 @@ def test_the_budget_closers_steps_keep_off_tokens_that_lose_the_reward(monkeypat
     closing_step = lookahead.closing_step
     monkeypatch.setattr(lookahead, "closing_step", lambda session, guard=None: closing_step(session))
     assert "a" in text()  # the closer's steps unguarded: the letter comes back
+
+
+def test_cdlh_guards_its_roll_outs_as_its_candidates(letters, monkeypatch):
+    """A candidate is judged by its roll-out; with ``reward_guard`` the roll-out keeps off what the
+    candidates keep off, so a candidate is not scored by a loss another token would have avoided."""
+    target = ModelRunner(tiny_model(1))
+    seen: list[str] = []
+    guard = RewardGuard.guard
+
+    def spy(self, session, text, row):
+        seen.append(text)
+        return guard(self, session, text, row)
+
+    monkeypatch.setattr(RewardGuard, "guard", spy)
+    result = decode(target, letters, PROMPT, max_tokens=6, strategy=CDLH(Loses("a"), k=3, d=2, reward_guard=True))
+    committed = result.text
+    # a call per candidate choice (one per committed token) and per roll-out token after it
+    assert len(seen) > 2 * len(committed)
+    assert any(not committed.startswith(text) for text in seen)  # roll-outs leave the committed text
