@@ -83,11 +83,13 @@ Emit = Callable[[str], None]
 def on_own_thread(build: Callable[[], Any]) -> Any:
     """``build()`` run on a thread of its own that ends with it; its result, or its exception.
 
-    Loading a model runs OpenMP-parallel tensor ops, and the thread that runs them keeps an
-    OpenMP team alive. The engine's forward runs on the engine's thread; with a second live team
-    in the process (the caller's) its parallel regions lose the fast hand-off to their workers:
-    a single-row SmolLM2 step took 37-39 ms against 29.5-31.5 ms with the loading done on a
-    thread that had ended (2-core CPU, BENCHMARKS.md)."""
+    Loading a model, its runner's self-check and the int8 draft's quantisation run OpenMP-parallel
+    tensor ops, and the thread that runs them keeps an OpenMP team alive. The engine's forward runs
+    on the engine's thread; with a second live team in the process (the caller's) libgomp counts
+    more threads than cores and stops spinning for its workers, so every parallel region waits for
+    a woken thread: a single-row SmolLM2 step took 37-39 ms against 29.5-31.5 ms with the loading
+    done on a thread that had ended, and with the runner and the draft made on the caller's thread
+    too, two torch threads ran keyword requests slower than one (2-core CPU, BENCHMARKS.md)."""
     box: dict[str, Any] = {}
 
     def run() -> None:
@@ -171,9 +173,9 @@ class Generator:
         self._cdsl_draft: ModelRunner | None = next(
             (p.runner for p in self.proposers if isinstance(p, DraftModelProposer)), None)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.loaded.eos_token_ids[0]
-        self.engine = BatchEngine(batch_runner(self.loaded.model, pad_token_id=pad,
-                                               max_rows=max_batch_size if max_batch_size > 64 else None),
-                                  max_batch_size=max_batch_size,
+        runner = on_own_thread(lambda: batch_runner(self.loaded.model, pad_token_id=pad,
+                                                    max_rows=max_batch_size if max_batch_size > 64 else None))
+        self.engine = BatchEngine(runner, max_batch_size=max_batch_size,
                                   kv_budget_bytes=None if kv_budget_gb is None else kv_budget_gb * 2**30)
         self.compiling: BackgroundCompile | None = on_own_thread(
             lambda: compile_in_background(self.engine.runner, torch_compile))
@@ -546,6 +548,6 @@ class Generator:
         with self._draft_lock:  # concurrent first CDSL requests make one draft
             if self._cdsl_draft is None:
                 kind = cdsl_self_draft(self.device)
-                self._cdsl_draft = ModelRunner(self_draft(self.loaded.model, kind), name=kind)
+                self._cdsl_draft = ModelRunner(on_own_thread(lambda: self_draft(self.loaded.model, kind)), name=kind)
             return self._cdsl_draft
 
