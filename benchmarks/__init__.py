@@ -17,6 +17,8 @@ HARNESSES: dict[str, tuple[str, str]] = {
     "keyword-load": ("benchmarks.keyword_load", "keyword-constrained requests one at a time vs all at once"),
     "keyword-prompts": ("benchmarks.keyword_prompts",
                         "keywords from prompts that do not name them: named vs unnamed vs naming off, via generate"),
+    "request-latency": ("benchmarks.request_latency",
+                        "one request at a time on a Generator at its defaults: keywords, JSON, free text"),
     "quality": ("benchmarks.answer_quality", "constrained vs free answers: accuracy, whitespace, token boundaries"),
     "fuzz-rewrite": ("benchmarks.fuzz_rewrite", "fuzz the schema rewriter: original vs rewrite, judged by jsonschema"),
     "speculative": ("benchmarks.speculative", "constrained speculative decoding vs target-only and HF baselines"),
