@@ -18,7 +18,9 @@ once (more positions a step, so less a position), on a 2-core VM where one threa
 Only steps that decode are compared: a step that prefills a prompt costs a tenth as much a
 position (a 50-token prompt beside one decoding row), so a trial that caught one won whatever
 the counts cost. On a 2-core VM where one thread runs keyword requests faster, such trials sent
-16 requests at once to two threads in some runs: 2.9-3.1 s against 2.2-2.4 s.
+16 requests at once to two threads in some runs: 2.9-3.1 s against 2.2-2.4 s. (One thread won there
+only while the caller's thread held an OpenMP team of its own, which slows every other team's
+hand-off: ``api.on_own_thread``. Without it two threads win on that VM: 1.7-2.1 s.)
 """
 
 from __future__ import annotations
