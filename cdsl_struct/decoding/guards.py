@@ -23,6 +23,7 @@ import torch
 
 from ..constraints.vocabulary import TokenVocabulary
 from ..rewards.base import Reward
+from .sampling import any_allowed
 
 if TYPE_CHECKING:
     from .loop import Session
@@ -58,7 +59,7 @@ class RewardGuard:
         index = torch.tensor(blocked, device=row.device)
         saved = row[index].clone()
         row[index] = -float("inf")
-        if not torch.isfinite(row).any():
+        if not any_allowed(row):
             row[index] = saved
         return row
 

@@ -46,7 +46,7 @@ from .loop import (
 )
 from .loops import SENTENCE_GUARD, LoopGuard
 from .mask_fill import draft_with_mask
-from .sampling import choose, distribution, masked_logits
+from .sampling import allowed_top, any_allowed, choose, distribution, masked_logits
 from .strategy import MAIN, Passes, StepProgram
 
 CDSL_STATES = ("accept", "reject_acceptance", "reject_reward", "reject_both")
@@ -109,14 +109,13 @@ class CDLH:
         if self._guard is not None:
             self._guard.guard(session, session.answer_of(session.output), masked)
         logp = torch.log_softmax(masked, dim=-1)
-        finite = int(torch.isfinite(logp).sum())
-        if finite == 0:
+        values, indices = allowed_top(logp, self.k)
+        if not len(indices):
             return []
-        top = torch.topk(logp, min(self.k, finite))
-        candidates = [int(t) for t in top.indices]
+        candidates = [int(t) for t in indices]
         rollouts, ended = yield from greedy_rollouts(session, candidates, self.d, self.loop_guard, self._guard)
         best, best_score = candidates[0], -float("inf")
-        for candidate, lp, rollout, end in zip(candidates, top.values.tolist(), rollouts, ended, strict=True):
+        for candidate, lp, rollout, end in zip(candidates, values.tolist(), rollouts, ended, strict=True):
             tokens = session.output + [candidate] + rollout
             score = lp + self.lam * optimistic_reward(session, self.reward, tokens, end, self.optimism)
             if score > best_score:
@@ -158,7 +157,7 @@ def greedy_rollouts(session: Session, candidates: list[int], d: int, loop_guard:
                 loop_guard.guard(choice[None], session.output + [candidates[i]] + rollouts[i])
             if guard is not None:
                 guard.guard(session, session.answer_of(session.output + [candidates[i]] + rollouts[i]), choice)
-            if not torch.isfinite(choice).any():
+            if not any_allowed(choice):
                 states[i].finished = True  # a dead end: the roll-out ends here
                 continue
             token = int(torch.argmax(choice))
@@ -251,18 +250,17 @@ class GuidedDraft:
             if self._guard is not None:
                 choice = self._guard.guard(session, session.answer_of(prefix), choice)
             logp = torch.log_softmax(choice, dim=-1)
-            finite = int(torch.isfinite(logp).sum())
-            if finite == 0:
+            _, indices = allowed_top(logp, self.k)
+            if not len(indices):
                 return
-            top = torch.topk(logp, min(self.k, finite))
-            chosen = [int(top.indices[0])]
+            chosen = [int(indices[0])]
             if self.lam > 0:
-                candidates = [[int(t)] for t in top.indices]
+                candidates = [[int(t)] for t in indices]
                 if self.suggest:
                     candidates += self._words.fitting(session, prefix, logp, end - len(proposal.tokens))
                 chosen = max(candidates, key=lambda c: float(logp[c[0]]) + self.lam * optimistic_reward(
                     session, self.reward, prefix + c, output_ended(session, c), self.optimism))
-            steered = chosen[0] != int(top.indices[0]) or len(chosen) > 1
+            steered = chosen[0] != int(indices[0]) or len(chosen) > 1
             for i, token in enumerate(chosen):
                 proposal.masks.append(mask if i == 0 else session.current_mask())
                 if not session.speculate(proposal, token, None):
@@ -465,7 +463,7 @@ class CDSL:
         the fallback, ``allow_ending``, must commit a token)."""
         if session.state.finished:
             return []
-        if not torch.isfinite(choice).any():
+        if not any_allowed(choice):
             return []
         token = choose(choice, session.params, session.generator)
         if not allow_ending and self._lost_at(session, [token]) is not None:

@@ -25,7 +25,7 @@ from ..models.batch import Feed
 from ..models.runner import ModelRunner
 from ..result import DecodeStats, Result, parse_value
 from .budget import BudgetCloser
-from .sampling import SamplingParams, choose, distribution, draw_tokens, speculative_verdict
+from .sampling import SamplingParams, any_allowed, choose, distribution, draw_tokens, speculative_verdict
 from .strategy import MAIN, Passes, StepProgram
 
 if TYPE_CHECKING:
@@ -381,7 +381,7 @@ def verify(session: Session, proposal: Proposal, masked: torch.Tensor, choices: 
     if drawn is not None:
         return accepted, drawn if drawn >= 0 else None
     final = masked[accepted]
-    if not torch.isfinite(final).any():
+    if not any_allowed(final):
         return accepted, None
     return accepted, choose(final, params, generator)
 

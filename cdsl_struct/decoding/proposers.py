@@ -10,7 +10,7 @@ import torch
 
 from ..models.runner import ModelRunner
 from .loop import Proposal, Proposer, Session, draft_pass
-from .sampling import distribution, masked_logits
+from .sampling import any_allowed, distribution, masked_logits
 
 
 class DraftModelProposer:
@@ -36,7 +36,7 @@ class DraftModelProposer:
             mask = session.current_mask()
             proposal.masks.append(mask)
             draft_logits = masked_logits(logits, mask)
-            if not torch.isfinite(draft_logits).any():
+            if not any_allowed(draft_logits):
                 proposal.masks.pop()
                 return
             if session.params.greedy:

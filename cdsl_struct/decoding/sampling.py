@@ -3,6 +3,7 @@ speculative sampling compares."""
 
 from __future__ import annotations
 
+import math
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +47,28 @@ class SamplingParams:
         gen = torch.Generator(device=device)
         gen.manual_seed(self.seed % 2**64 if self.seed is not None else secrets.randbits(63))
         return gen
+
+
+def any_allowed(row: torch.Tensor) -> bool:
+    """Whether masked logits ``row`` hold a finite value (a token the mask allows), as
+    ``torch.isfinite(row).any()`` says, from the row's maximum where that settles it: a vocabulary's
+    ``isfinite(...).any()`` took 70 us on one core, ``amax`` 3 us, and guards and roll-outs ask it of
+    every position they touch."""
+    top = float(row.amax())
+    if math.isfinite(top):
+        return True
+    if top == -math.inf:
+        return False
+    return bool(torch.isfinite(row).any())  # +inf or NaN at the top: look at every value
+
+
+def allowed_top(logp: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` largest of masked log-probabilities ``logp`` and their indices, less those the mask
+    leaves out (fewer than ``k`` where fewer are allowed; none where none is), as ``torch.topk`` of
+    ``min(k, allowed)`` gives them, without counting the allowed tokens of the whole vocabulary."""
+    top = torch.topk(logp, min(k, logp.shape[-1]))
+    kept = int(torch.isfinite(top.values).sum())
+    return top.values[:kept], top.indices[:kept]
 
 
 def masked_logits(logits: torch.Tensor, mask_row: torch.Tensor) -> torch.Tensor:

@@ -77,3 +77,35 @@ def test_a_verdict_keeps_a_forced_token_refuses_one_outside_the_nucleus_and_draw
         assert speculative_verdict(refused, [3], [None], params, generator).tolist() == [0, 0]
     nothing = torch.full((1, 6), -inf)
     assert speculative_verdict(nothing, [2], [None], params, params.generator()).tolist() == [0, -1]
+
+
+@pytest.mark.parametrize("fill", ["finite", "some_masked", "all_masked", "plus_inf", "nan", "only_plus_inf"])
+def test_any_allowed_says_what_isfinite_any_says(fill):
+    from cdsl_struct.decoding.sampling import any_allowed
+
+    row = torch.randn(64)
+    if fill != "finite":
+        row[::2] = -float("inf")
+    if fill == "all_masked":
+        row[:] = -float("inf")
+    if fill == "plus_inf":
+        row[3] = float("inf")
+    if fill == "nan":
+        row[5] = float("nan")
+    if fill == "only_plus_inf":
+        row[:] = -float("inf")
+        row[7] = float("inf")
+    assert any_allowed(row) == bool(torch.isfinite(row).any())
+
+
+@pytest.mark.parametrize("allowed", [0, 1, 3, 5, 40])
+def test_allowed_top_is_the_top_of_the_allowed_tokens_only(allowed):
+    from cdsl_struct.decoding.sampling import allowed_top
+
+    logits = torch.randn(64, generator=torch.Generator().manual_seed(allowed))
+    logits[torch.randperm(64, generator=torch.Generator().manual_seed(1))[allowed:]] = -float("inf")
+    logp = torch.log_softmax(logits, -1)
+    values, indices = allowed_top(logp, 5)
+    expected = torch.topk(logp, min(5, allowed))
+    assert indices.tolist() == expected.indices.tolist()
+    assert torch.equal(values, expected.values)
