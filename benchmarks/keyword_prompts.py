@@ -58,14 +58,19 @@ class KeywordPromptsConfig:
     draft: str | None = "auto"
     naming: str | None = None
     """The library's naming sentence (``Keywords.instruction``; None: its default), for choosing it."""
+    hold_ending: bool = True
+    """``Keywords.hold_ending``: no sentence ends while a word is missing, where it may write on."""
 
 
-def request(condition: str, instruction: str, words: list[str], naming: str | None = None) -> tuple[str, Keywords]:
+def request(condition: str, instruction: str, words: list[str], naming: str | None = None,
+            hold_ending: bool = True) -> tuple[str, Keywords]:
     """The prompt and keyword request of one concept set under ``condition`` (``naming``: the
     library's naming sentence, None for its default)."""
     if condition == "named":
-        return f"{instruction}\n\n{PROMPT.format(words=', '.join(words))}", Keywords(tuple(words))
-    return instruction, Keywords(tuple(words), name=condition == "unnamed", instruction=naming)
+        return f"{instruction}\n\n{PROMPT.format(words=', '.join(words))}", Keywords(tuple(words),
+                                                                                    hold_ending=hold_ending)
+    return instruction, Keywords(tuple(words), name=condition == "unnamed", instruction=naming,
+                                 hold_ending=hold_ending)
 
 
 def run_keyword_prompts(config: KeywordPromptsConfig, progress: bool = True) -> dict[str, Any]:
@@ -80,7 +85,7 @@ def run_keyword_prompts(config: KeywordPromptsConfig, progress: bool = True) -> 
             words = [c.split("_")[0] for c in case["concepts"]]
             instruction = INSTRUCTIONS[index % len(INSTRUCTIONS)]
             for condition in config.conditions:
-                prompt, keywords = request(condition, instruction, words, config.naming)
+                prompt, keywords = request(condition, instruction, words, config.naming, config.hold_ending)
                 started = time.perf_counter()
                 result = gen.generate(prompt, keywords=keywords, max_tokens=config.max_tokens)
                 wall = time.perf_counter() - started
@@ -147,6 +152,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft", default="auto", help="the Generator's draft (default auto)")
     parser.add_argument("--naming", default=None, metavar="TEXT",
                         help="the library's naming sentence, {words} where the words go (default: its own)")
+    parser.add_argument("--end-early", action="store_true",
+                        help="Keywords(hold_ending=False): a sentence may end while a word is missing")
     parser.add_argument("--json", dest="json_out", help="write the report here")
 
 
@@ -158,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"unknown condition(s) {sorted(unknown)}; choose from {', '.join(CONDITIONS)}")
     config = KeywordPromptsConfig(data=args.data, limit=args.limit, seed=args.seed, split=args.split,
                                   conditions=conditions, max_tokens=args.max_tokens, model=args.model,
-                                  draft=None if args.draft == "none" else args.draft, naming=args.naming)
+                                  draft=None if args.draft == "none" else args.draft, naming=args.naming,
+                                  hold_ending=not args.end_early)
     report = run_keyword_prompts(config)
     return write_report(report, format_table(report), args)

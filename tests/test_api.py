@@ -180,6 +180,20 @@ def test_keywords_with_a_schema_give_valid_json(gen):
     jsonschema.validate(result.value, schema)
 
 
+@pytest.mark.parametrize("words", [["dog", "pull", "sleigh"], ["lady", "hair", "dryer"], ["pond", "rock", "throw"]])
+def test_a_keyword_sentence_does_not_end_short_while_a_word_is_missing(gen, words):
+    """With ``hold_ending`` (the default), a sentence of fewer than ``HOLD_ENDING_WORDS`` words ends with a
+    keyword missing only where the budget closer ended it; CommonGen's terse wording made the model answer
+    "Sleigh." before."""
+    from cdsl_struct.keywords import HOLD_ENDING_WORDS
+    from cdsl_struct.rewards.keywords import _WORD
+
+    prompt = f"Write one short, natural sentence that uses all of these words: {', '.join(words)}."
+    result = gen.generate(prompt, keywords=words, max_tokens=40)
+    short = len(_WORD.findall(result.text)) < HOLD_ENDING_WORDS
+    assert not (result.keywords.missing and short) or result.closed_by_budget, result.text
+
+
 def _row_ids(runner):
     """The engine rows whose keys (own sequence or branch) the target runner holds."""
     return {key[0] if isinstance(key, tuple) else key for key in list(runner.order)}

@@ -9,7 +9,7 @@ import pytest
 
 from cdsl_struct.arguments import read_arguments
 from cdsl_struct.errors import InvalidArgument
-from cdsl_struct.keywords import PARAGRAPH, SENTENCE, KeywordReport, Keywords, named_prompt
+from cdsl_struct.keywords import HOLD_ENDING_WORDS, PARAGRAPH, SENTENCE, KeywordReport, Keywords, named_prompt
 
 
 def test_a_list_a_dict_or_a_request_make_the_same_request():
@@ -19,15 +19,16 @@ def test_a_list_a_dict_or_a_request_make_the_same_request():
     assert Keywords.of(plain) is plain
     assert Keywords.of(None) is None
     options = Keywords.of({"words": ["dog"], "name": False, "form": "text", "max_repeats": 1, "no_lists": False,
-                           "instruction": "Say {words}."})
-    assert (options.name, options.form, options.max_repeats, options.no_lists, options.instruction) == \
-        (False, "text", 1, False, "Say {words}.")
+                           "instruction": "Say {words}.", "hold_ending": False})
+    assert (options.name, options.form, options.max_repeats, options.no_lists, options.instruction,
+            options.hold_ending) == (False, "text", 1, False, "Say {words}.", False)
 
 
 @pytest.mark.parametrize(("value", "message"), [
     ("dog", "list of words"), ([], "list of words"), (["dog", ""], "list of words"), ([3], "list of words"),
     ({"words": ["dog"], "colour": "red"}, "unknown keyword option"), ({"name": True}, "needs its words"),
     ({"words": ["dog"], "form": "poem"}, "form must be one of"), ({"words": ["dog"], "name": "yes"}, "true or false"),
+    ({"words": ["dog"], "hold_ending": 1}, "true or false"),
     ({"words": ["dog"], "max_repeats": 0}, "max_repeats"),
     ({"words": ["dog"], "instruction": "Use them."}, "{words}"),
 ])
@@ -106,4 +107,8 @@ def test_keywords_alone_answer_in_their_form_and_any_constraint_replaces_it():
     assert read_arguments(keywords=["dog"], regex="[a-z, ]+").reward.no_lists
     assert read.reward.off_topic and not read_arguments(keywords=["dog"], schema={"type": "object"}).reward.off_topic
     assert not read_arguments(keywords={"words": ["dog"], "no_lists": False}).reward.off_topic
+    # no sentence ends while a word is missing: prose only, a JSON answer ends where its schema does
+    assert read.reward.hold_ending == HOLD_ENDING_WORDS
+    assert not read_arguments(keywords=["dog"], schema={"type": "object"}).reward.hold_ending
+    assert not read_arguments(keywords={"words": ["dog"], "hold_ending": False}).reward.hold_ending
     assert read_arguments(regex="[a-z]+").keywords is None

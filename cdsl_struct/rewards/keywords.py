@@ -91,23 +91,31 @@ class KeywordCoverage(Reward):
     otherwise earn as much as a sentence. ``off_topic``: words (any inflection) a text earns
     nothing with, e.g. ``TALK_ABOUT_WORDS`` for text about the keywords instead of with them
     ("Boat, dock, water are all words that use all the letters of the alphabet."); a keyword is
-    never off topic.
+    never off topic. ``hold_ending`` (a word count, 0: off): while a word is missing from a text of
+    fewer words than that, the tokens that would end it (a full stop, ``!``, ``?``, the output's end)
+    are among those ``losing`` names, so CDSL and CDLH write on where anything else is allowed
+    ("Sleigh." becomes a sentence with the dog in it; where only an ending fits, as a budget closer
+    leaves it, the guard gives way); a longer text may end short of its words rather than ramble on.
+    The score is the same.
     """
 
     earned_by_end = True
 
     def __init__(self, words: Iterable[str], mode: str = "soft", max_repeats: int | None = None,
-                 no_lists: bool = False, off_topic: Iterable[str] = ()) -> None:
+                 no_lists: bool = False, off_topic: Iterable[str] = (), hold_ending: int = 0) -> None:
         if mode not in ("soft", "hard"):
             raise ValueError(f"mode must be 'soft' or 'hard', got {mode!r}")
         if max_repeats is not None and max_repeats < 1:
             raise ValueError(f"max_repeats must be >= 1 or None, got {max_repeats}")
+        if isinstance(hold_ending, bool) or not isinstance(hold_ending, int) or hold_ending < 0:
+            raise ValueError(f"hold_ending must be a word count >= 0, got {hold_ending!r}")
         self.words = [_POS_SUFFIX.sub("", w).lower() for w in words]
         if not self.words:
             raise ValueError("KeywordCoverage needs at least one word")
         self.mode = mode
         self.max_repeats = max_repeats
         self.no_lists = no_lists
+        self.hold_ending = hold_ending
         self._forms = [inflections(w) for w in self.words]
         own = frozenset().union(*self._forms)
         self.off_topic = [w.lower() for w in off_topic if not inflections(w) & own]
@@ -172,28 +180,35 @@ class KeywordCoverage(Reward):
     def guard_marks(self) -> str:  # type: ignore[override]
         """With ``no_lists``: a list is made by closing an item (a separator) or by ending the
         sentence on one (a full stop, or the output's end)."""
-        return _SEPARATORS + _STOPS if self.no_lists else ""
+        return _SEPARATORS + _STOPS if self.no_lists else (_STOPS if self.hold_ending else "")
 
     def losing(self, text: str, pieces: Sequence[str | None]) -> list[int]:
         """With ``no_lists``: the pieces that make ``text`` a list, by closing its last item (or a
         keyword that opens it as one), or by ending the sentence (a full stop; None, the output's
-        end) as a list."""
-        if not self.no_lists or self.failed(text):
+        end) as a list. With ``hold_ending``: the pieces that end the sentence while a word is
+        missing."""
+        if not (self.no_lists or self.hold_ending) or self.failed(text):
             return []
         separated, ending, worded = _kinds(tuple(pieces))
         lost = []
         # a separator closes the last piece (a list's item, or a keyword opening the sentence as one);
         # an ending judges every piece as final
-        if separated and self._listed(text + _SEPARATORS[0], final=False):
+        if self.no_lists and separated and self._listed(text + _SEPARATORS[0], final=False):
             lost += separated
-        if ending and list_shaped(text, final=True):
+        if ending and self._ends_lost(text):
             lost += ending
         for index in worded:  # letters before a mark: the piece's words count too
             piece = pieces[index]
             stop = next((i for i, c in enumerate(piece) if c in _STOPS), None)
-            if self.failed(text + piece) or (stop is not None and self._listed(text + piece[:stop], final=True)):
+            if self.failed(text + piece) or (stop is not None and self._ends_lost(text + piece[:stop])):
                 lost.append(index)
         return sorted(lost)
+
+    def _ends_lost(self, text: str) -> bool:
+        """Whether ending the sentence after ``text`` would lose: a list, or a word still missing from a
+        short text (``hold_ending``)."""
+        held = len(_WORD.findall(text)) < self.hold_ending and bool(self.missing(text))
+        return (self.no_lists and self._listed(text, final=True)) or held
 
     def score(self, text: str, *, final: bool) -> float:
         if (self.no_lists and self._listed(text, final=final)) or self._talks_off_topic(text):

@@ -201,3 +201,22 @@ def test_combined_rewards_fail_as_their_rule_says():
     assert MinReward([strict, never]).failed(listed)  # one part lost: the minimum is lost
     assert not WeightedMean([strict, never]).failed(listed)  # the mean can still earn the other part
     assert WeightedMean([strict, strict]).failed(listed)
+
+
+def test_hold_ending_names_the_endings_while_a_word_is_missing():
+    held = KeywordCoverage(["dog", "ride", "walk"], hold_ending=20)
+    pieces = [".", "!", ",", " walk.", " walks", " the.", None]
+    assert held.guard_marks == ".!?" and not KeywordCoverage(["dog"]).guard_marks
+    # "walk" missing: the full stop, the "!" and the end are kept off; " walk." ends with every word in
+    assert held.losing("The dog went for a ride", pieces) == [0, 1, 5, 6]
+    assert held.losing("The dog went for a ride and a walk", pieces) == []
+    assert held("The dog went for a ride.", final=True) == 2 / 3  # the score is the same
+    # beside no_lists: a list's comma and a short answer's full stop both
+    both = KeywordCoverage(["jockey", "horse", "race"], no_lists=True, hold_ending=20)
+    assert both.losing("A cow, a hen, a crowd", [",", ".", " and"]) == [0, 1]
+    assert both.losing("He saw a jockey", [",", ".", " and horse race."]) == [1]
+    # a long text may end short of its words: held only below the word count
+    assert KeywordCoverage(["dog", "walk"], hold_ending=5).losing("The dog ran off", ["."]) == [0]
+    assert KeywordCoverage(["dog", "walk"], hold_ending=4).losing("The dog ran off", ["."]) == []
+    with pytest.raises(ValueError, match="hold_ending"):
+        KeywordCoverage(["dog"], hold_ending=True)
