@@ -40,6 +40,7 @@ TALK_ABOUT_WORDS = ("word", "sentence", "letter", "phrase", "keyword", "noun", "
 for a sentence that uses some words ("Ate, food, front is a sentence that uses all the words.")."""
 _SEPARATORS = ",;"
 _STOPS = ".!?"
+_ENDED = re.compile(r"[.!?][\"')\]]*\s*$")
 
 
 @lru_cache(maxsize=8)
@@ -179,14 +180,14 @@ class KeywordCoverage(Reward):
     @property
     def guard_marks(self) -> str:  # type: ignore[override]
         """With ``no_lists``: a list is made by closing an item (a separator) or by ending the
-        sentence on one (a full stop, or the output's end)."""
+        sentence on one (a full stop, or the output's end). With ``hold_ending`` alone: the stops."""
         return _SEPARATORS + _STOPS if self.no_lists else (_STOPS if self.hold_ending else "")
 
     def losing(self, text: str, pieces: Sequence[str | None]) -> list[int]:
         """With ``no_lists``: the pieces that make ``text`` a list, by closing its last item (or a
         keyword that opens it as one), or by ending the sentence (a full stop; None, the output's
-        end) as a list. With ``hold_ending``: the pieces that end the sentence while a word is
-        missing."""
+        end) as a list. With ``hold_ending``: the pieces that end a sentence of fewer words than that
+        while a word is missing."""
         if not (self.no_lists or self.hold_ending) or self.failed(text):
             return []
         separated, ending, worded = _kinds(tuple(pieces))
@@ -206,8 +207,9 @@ class KeywordCoverage(Reward):
 
     def _ends_lost(self, text: str) -> bool:
         """Whether ending the sentence after ``text`` would lose: a list, or a word still missing from a
-        short text (``hold_ending``)."""
-        held = len(_WORD.findall(text)) < self.hold_ending and bool(self.missing(text))
+        short text that has not ended yet (``hold_ending``: after its full stop, holding off the end
+        would only add a closing quote or bracket)."""
+        held = len(_WORD.findall(text)) < self.hold_ending and not _ENDED.search(text) and bool(self.missing(text))
         return (self.no_lists and self._listed(text, final=True)) or held
 
     def score(self, text: str, *, final: bool) -> float:

@@ -211,6 +211,8 @@ def test_hold_ending_names_the_endings_while_a_word_is_missing():
     assert held.losing("The dog went for a ride", pieces) == [0, 1, 5, 6]
     assert held.losing("The dog went for a ride and a walk", pieces) == []
     assert held("The dog went for a ride.", final=True) == 2 / 3  # the score is the same
+    # a sentence that has ended is not held: its end, not a closing quote, comes next
+    assert held.losing("The dog went for a ride.", [None, "."]) == []
     # beside no_lists: a list's comma and a short answer's full stop both
     both = KeywordCoverage(["jockey", "horse", "race"], no_lists=True, hold_ending=20)
     assert both.losing("A cow, a hen, a crowd", [",", ".", " and"]) == [0, 1]
