@@ -11,6 +11,9 @@ with ``Generator.generate(instruction, keywords=words, max_tokens=...)`` at the 
   the default);
 - ``off``: the instruction as written and ``Keywords(name=False)``: what the reward alone reaches.
 
+``--end-early`` sets ``Keywords(hold_ending=False)`` in every condition: a sentence may then end while
+a word is missing (the library's default holds its ending below ``HOLD_ENDING_WORDS`` words).
+
 Per condition: hard coverage (every word, inflections count), finished sentences (ended, or closed
 to fit the budget), word lists (``commongen.comma_list`` and the reward's ``list_shaped``), wall
 time. The figure of issue 54 is ``unnamed`` hard coverage over ``named``'s on the same sets.

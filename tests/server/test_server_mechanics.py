@@ -159,7 +159,7 @@ def chat(client, content, **kwargs):
 def test_keyword_requests_pass_their_options_and_each_choice_reports_the_words(fake):
     generator, base_url = fake
     client = client_for(base_url)
-    asked = {"words": ["hi", "zebra"], "form": "text", "name": False}
+    asked = {"words": ["hi", "zebra"], "form": "text", "name": False, "hold_ending": False}
     answer = chat(client, "hi", extra_body={"keywords": asked})
     assert json.loads(answer.choices[0].message.content)["keywords"] == asked
     assert answer.choices[0].model_extra["keywords"] == {"covered": ["hi"], "missing": ["zebra"]}  # of the prompt
