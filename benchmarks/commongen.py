@@ -102,6 +102,10 @@ class CommonGenConfig:
     no_lists: bool = False
     """The reward pays nothing for a list of the words (``KeywordCoverage(no_lists=True)``), as
     ``generate(keywords=...)``'s does."""
+    hold_ending: int = 0
+    """``KeywordCoverage(hold_ending=N)``: a sentence of fewer than N words does not end while a word is
+    missing, where it may write on (``generate(keywords=...)`` holds 20). It acts through the reward
+    guard, so CDLH then guards its candidates and roll-outs too (the paper's CDLH does not); 0: off."""
 
     def __post_init__(self) -> None:
         if self.split not in SPLITS:
@@ -209,7 +213,8 @@ class CommonGenBench:
             concepts = case["concepts"]
             words = [c.split("_")[0] for c in concepts]
             reward = KeywordCoverage(concepts, max_repeats=config.max_repeats, no_lists=config.no_lists,
-                                     off_topic=TALK_ABOUT_WORDS if config.no_lists and not config.talk else ())
+                                     off_topic=TALK_ABOUT_WORDS if config.no_lists and not config.talk else (),
+                                     hold_ending=config.hold_ending)
             prompt = tokenizer.apply_chat_template(
                 [{"role": "user", "content": PROMPT.format(words=", ".join(words))}],
                 add_generation_prompt=True, tokenize=True)["input_ids"]
@@ -291,7 +296,8 @@ def make_strategy(method: str, reward: KeywordCoverage, draft_runner: ModelRunne
         return None
     guard = (word_guard if word_guard is not None and config.word_guard else SENTENCE_GUARD) \
         if config.loop_guard else None
-    cdlh = CDLH(reward, k=config.k, d=config.d, lam=config.lam, optimism=config.optimism, loop_guard=guard)
+    cdlh = CDLH(reward, k=config.k, d=config.d, lam=config.lam, optimism=config.optimism, loop_guard=guard,
+                reward_guard=config.hold_ending > 0)
     if method == "cdlh":
         return cdlh
     if method == "cdsl":
@@ -300,7 +306,7 @@ def make_strategy(method: str, reward: KeywordCoverage, draft_runner: ModelRunne
                             avoid_lost=config.list_guard)
         return CDSL(draft, reward, d=config.cdsl_d, acceptance_threshold=config.acceptance_threshold,
                     reward_threshold=config.reward_threshold, fallback=config.fallback,
-                    cdlh=dataclasses.replace(cdlh, reward_guard=config.list_guard),
+                    cdlh=dataclasses.replace(cdlh, reward_guard=config.list_guard or config.hold_ending > 0),
                     reward_on=config.reward_on, commit=config.commit, steer_ratio=config.steer_ratio,
                     loop_guard=guard, avoid_lost=config.list_guard)
     raise ValueError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
@@ -475,6 +481,9 @@ def add_arguments(gen: argparse.ArgumentParser) -> None:
                      help="CDSL draft: weigh only its own top-k, not the reward's suggested words")
     gen.add_argument("--no-lists", action="store_true",
                      help="reward: a list of the words instead of a sentence scores 0 (KeywordCoverage(no_lists=True))")
+    gen.add_argument("--hold-ending", type=int, default=0, metavar="N",
+                     help="reward: a sentence of fewer than N words does not end while a word is missing, CDLH "
+                          "guarded too (generate(keywords=...) holds 20; default 0: off)")
     gen.add_argument("--json", dest="json_out")
     gen.add_argument("--no-progress", action="store_true")
 
@@ -490,7 +499,7 @@ def config_from(args: argparse.Namespace) -> CommonGenConfig:
         reward_on=args.reward_on, commit=args.commit, steer_ratio=args.steer_ratio, draft=args.draft,
         draft_lam=args.draft_lam, suggest=args.suggest, stop_below=args.stop_below, loop_guard=args.loop_guard,
         word_guard=args.word_guard, no_lists=args.no_lists, list_guard=args.list_guard,
-        talk=args.talk,
+        talk=args.talk, hold_ending=args.hold_ending,
     )
 
 
