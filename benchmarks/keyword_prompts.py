@@ -62,7 +62,8 @@ class KeywordPromptsConfig:
     naming: str | None = None
     """The library's naming sentence (``Keywords.instruction``; None: its default), for choosing it."""
     hold_ending: bool = True
-    """``Keywords.hold_ending``: no sentence ends while a word is missing, where it may write on."""
+    """``Keywords.hold_ending``: a sentence of fewer than ``HOLD_ENDING_WORDS`` words does not end while a
+    word is missing, where it may write on."""
 
 
 def request(condition: str, instruction: str, words: list[str], naming: str | None = None,
