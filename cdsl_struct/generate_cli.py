@@ -46,6 +46,9 @@ def add_generate_parser(commands: Any) -> argparse.ArgumentParser:
                           "line, or free text")
     gen.add_argument("--no-name-keywords", dest="name_keywords", action="store_false",
                      help="with --keywords: leave the prompt as written (do not name the words in it)")
+    gen.add_argument("--keywords-may-end-early", dest="hold_ending", action="store_false",
+                     help="with --keywords: let a short sentence end while a word is missing (by default it "
+                          "writes on where it may, below 20 words)")
     gen.add_argument("--reasoning", action="store_true",
                      help="think first (between the model's markers), then answer under the constraint; the "
                           "thinking goes to stderr")
@@ -157,7 +160,7 @@ def _constraint_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         kwargs["grammar"] = from_response_format(given)
     if args.keywords:
         kwargs["keywords"] = {"words": [w.strip() for w in args.keywords.split(",") if w.strip()],
-                              "form": args.keyword_form, "name": args.name_keywords}
+                              "form": args.keyword_form, "name": args.name_keywords, "hold_ending": args.hold_ending}
     if args.reasoning_budget is not None:
         if args.reasoning_budget < 0:
             raise ValueError("--reasoning-budget takes a count of thinking tokens >= 0")

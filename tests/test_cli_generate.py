@@ -147,3 +147,20 @@ def _person_file(tmp_path):
     path = tmp_path / "person.json"
     path.write_text(json.dumps(PERSON))
     return path
+
+
+@pytest.mark.parametrize(("flag", "held"), [((), True), (("--keywords-may-end-early",), False)])
+def test_keywords_hold_their_ending_unless_told_otherwise(capsys, monkeypatch, flag, held):
+    from cdsl_struct.keywords import Keywords
+
+    asked = []
+    of = Keywords.of.__func__
+
+    def recording(cls, value):
+        asked.append(value)
+        return of(cls, value)
+
+    monkeypatch.setattr(Keywords, "of", classmethod(recording))
+    code, _, err = run(capsys, "--keywords", "dog,walk", *flag, "--max-tokens", "6", "Write a sentence.")
+    assert code in (0, EXIT_INCOMPLETE) and "keywords covered" in err
+    assert any(isinstance(a, dict) and a.get("hold_ending") is held for a in asked), asked
