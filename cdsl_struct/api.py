@@ -530,10 +530,11 @@ class Generator:
 
     def _strategy(self, call: Call) -> Any:
         guard = self._word_guard() if self.loop_guard else None
+        steering = {} if call.keywords is None else {"optimism": call.keywords.optimism}
         if call.method is Method.CDLH:
-            return CDLH(call.reward, loop_guard=guard, reward_guard=True)
+            return CDLH(call.reward, loop_guard=guard, reward_guard=True, **steering)
         if call.method is Method.CDSL:
-            return CDSL(self._cdsl_draft_runner(), call.reward, loop_guard=guard)
+            return CDSL(self._cdsl_draft_runner(), call.reward, loop_guard=guard, **steering)
         return None
 
     def _word_guard(self) -> WordLoopGuard:

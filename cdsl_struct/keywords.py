@@ -26,6 +26,13 @@ HOLD_ENDING_WORDS = 20
 CommonGen's tune split (BENCHMARKS.md): 12 words gained less coverage, no bound made a quarter of the
 answers ramble to the budget."""
 
+OPTIMISM = 0.1
+"""``Keywords.optimism``: the share of a missing word's reward an unfinished sentence is credited with while
+CDSL and CDLH steer (``CDLH.optimism``; the paper's 0.5 is what the CommonGen bench compares). Chosen on
+CommonGen's tune split (BENCHMARKS.md): against 0.5, every word in 0.77 of the sets where the user names them
+(0.65) and 0.90 where the library does (0.73), the target's loss on the other tokens 4-7% higher; 0.2 and 0.3
+gained less, 0 no more."""
+
 _NUMBER = r"[0-9]+(?:\.[0-9]+)?"
 _SENTENCE = rf"""(?:[A-Z"'(]|{_NUMBER})(?:[^\n.!?0-9]|{_NUMBER})*[.!?]+["')]?"""
 SENTENCE = Regex(_SENTENCE)
@@ -76,7 +83,9 @@ class Keywords:
     schema's or a tool call's JSON), and CDSL writes neither (``decoding.guards``). ``hold_ending``:
     while a word is missing from a sentence of fewer than ``HOLD_ENDING_WORDS`` words, CDSL and CDLH
     do not end it where they may write on (prose only; the budget closer still ends it in time:
-    ``KeywordCoverage(hold_ending=...)``). ``instruction``:
+    ``KeywordCoverage(hold_ending=...)``). ``optimism``: the share of a missing word's reward an unfinished
+    answer is credited with while steering, in [0, 1] (``OPTIMISM``): lower writes the words in sooner and
+    more often, in terser sentences; the paper's 0.5 steers more gently. ``instruction``:
     the sentence that names the words, with ``{words}`` where they go (default: the form's own,
     "Write one sentence that uses the words {words}." for a sentence).
     """
@@ -88,6 +97,7 @@ class Keywords:
     no_lists: bool = True
     instruction: str | None = None
     hold_ending: bool = True
+    optimism: float = OPTIMISM
 
     def __post_init__(self) -> None:
         if isinstance(self.words, (str, bytes)) or not self.words or \
@@ -99,6 +109,11 @@ class Keywords:
                                   param="keywords")
         if not isinstance(self.max_repeats, int) or self.max_repeats < 1:
             raise InvalidArgument(f"max_repeats must be an integer >= 1, got {self.max_repeats!r}", param="keywords")
+        if isinstance(self.optimism, bool) or not isinstance(self.optimism, (int, float)) \
+                or not 0.0 <= self.optimism <= 1.0:
+            raise InvalidArgument(f"keywords' optimism must be a number in [0, 1], got {self.optimism!r}",
+                                  param="keywords")
+        object.__setattr__(self, "optimism", float(self.optimism))
         if self.instruction is not None and not (isinstance(self.instruction, str) and "{words}" in self.instruction):
             raise InvalidArgument("a keyword instruction must be text with {words} where the words go",
                                   param="keywords")
@@ -110,7 +125,8 @@ class Keywords:
         if value is None or isinstance(value, Keywords):
             return value
         if isinstance(value, dict):
-            unknown = set(value) - {"words", "name", "form", "max_repeats", "no_lists", "instruction", "hold_ending"}
+            unknown = set(value) - {"words", "name", "form", "max_repeats", "no_lists", "instruction", "hold_ending",
+                                   "optimism"}
             if unknown:
                 raise InvalidArgument(f"unknown keyword option(s): {', '.join(sorted(unknown))}", param="keywords")
             if "words" not in value:

@@ -338,6 +338,9 @@ class CDSL:
     text has lost the reward for good or ends where it is lost (``Reward.losing``: the comma or full
     stop that makes the text a list of the keywords), where anything else is allowed: judged on
     endings, the reward sees a list only once a lookahead ends it, by then agreed by the target."""
+    optimism: float = 0.5
+    """The ``optimism`` of the ``GuidedDraft`` and the CDLH fallback CDSL builds (``CDLH.optimism``): lower
+    credits an unfinished text less for the reward it may still earn, so the reward is sought sooner."""
     states: Counter = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
@@ -346,6 +349,7 @@ class CDSL:
         _check_unit("acceptance_threshold", self.acceptance_threshold)
         _check_unit("reward_threshold", self.reward_threshold)
         _check_unit("steer_ratio", self.steer_ratio)
+        _check_unit("optimism", self.optimism)
         for name, value, allowed in (("fallback", self.fallback, ("cdlh", "target")),
                                      ("reward_on", self.reward_on, ("auto", "text", "ending")),
                                      ("commit", self.commit, ("lookahead", "steered", "prefix"))):
@@ -355,9 +359,11 @@ class CDSL:
         if self.reward_on == "auto":
             self.reward_on = "ending" if self.reward.earned_by_end else "text"
         if isinstance(self.draft, (ModelRunner, torch.nn.Module)):
-            self.draft = GuidedDraft(self.draft, self.reward, loop_guard=self.loop_guard, avoid_lost=self.avoid_lost)
+            self.draft = GuidedDraft(self.draft, self.reward, optimism=self.optimism, loop_guard=self.loop_guard,
+                                     avoid_lost=self.avoid_lost)
         if self.cdlh is None:
-            self.cdlh = CDLH(self.reward, loop_guard=self.loop_guard, reward_guard=self.avoid_lost)
+            self.cdlh = CDLH(self.reward, optimism=self.optimism, loop_guard=self.loop_guard,
+                             reward_guard=self.avoid_lost)
         self._forced: Proposer = forced_proposer()
         self._guard = RewardGuard(self.reward, spent=self.avoid_spent, lost=self.avoid_lost) \
             if self.avoid_spent or self.avoid_lost else None
