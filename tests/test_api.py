@@ -526,10 +526,29 @@ def test_keyword_strategies_carry_the_generators_loop_guard(smollm2):
     from cdsl_struct.options import Method
     from cdsl_struct.rewards import KeywordCoverage
 
-    call = SimpleNamespace(method=Method.CDLH, reward=KeywordCoverage(["dog"]))
+    call = SimpleNamespace(method=Method.CDLH, reward=KeywordCoverage(["dog"]), keywords=None)
     gen = Generator(smollm2, draft=None)
     guard = gen._strategy(call).loop_guard
     assert isinstance(guard, WordLoopGuard) and gen._strategy(call).loop_guard is guard  # made once
     assert (guard.min_repeats, guard.min_tokens) == (SENTENCE_GUARD.min_repeats, SENTENCE_GUARD.min_tokens)
     assert len(guard.texts) == gen.vocabulary.size
     assert Generator(smollm2, draft=None, loop_guard=False)._strategy(call).loop_guard is None
+
+
+def test_keyword_requests_steer_with_their_own_optimism(smollm2):
+    from types import SimpleNamespace
+
+    from cdsl_struct.keywords import OPTIMISM, Keywords
+    from cdsl_struct.options import Method
+
+    gen = Generator(smollm2, draft=None)
+    words = Keywords(("dog",))
+
+    def strategy(method, keywords):
+        return gen._strategy(SimpleNamespace(method=method, reward=words.reward(), keywords=keywords))
+
+    assert strategy(Method.CDLH, words).optimism == OPTIMISM != 0.5
+    assert strategy(Method.CDLH, Keywords(("dog",), optimism=0.5)).optimism == 0.5
+    assert strategy(Method.CDLH, None).optimism == 0.5  # a reward of the caller's own: the paper's
+    cdsl = strategy(Method.CDSL, Keywords(("dog",), optimism=0.3))
+    assert cdsl.optimism == cdsl.draft.optimism == cdsl.cdlh.optimism == 0.3

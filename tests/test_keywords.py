@@ -9,7 +9,15 @@ import pytest
 
 from cdsl_struct.arguments import read_arguments
 from cdsl_struct.errors import InvalidArgument
-from cdsl_struct.keywords import HOLD_ENDING_WORDS, PARAGRAPH, SENTENCE, KeywordReport, Keywords, named_prompt
+from cdsl_struct.keywords import (
+    HOLD_ENDING_WORDS,
+    OPTIMISM,
+    PARAGRAPH,
+    SENTENCE,
+    KeywordReport,
+    Keywords,
+    named_prompt,
+)
 
 
 def test_a_list_a_dict_or_a_request_make_the_same_request():
@@ -19,9 +27,10 @@ def test_a_list_a_dict_or_a_request_make_the_same_request():
     assert Keywords.of(plain) is plain
     assert Keywords.of(None) is None
     options = Keywords.of({"words": ["dog"], "name": False, "form": "text", "max_repeats": 1, "no_lists": False,
-                           "instruction": "Say {words}.", "hold_ending": False})
+                           "instruction": "Say {words}.", "hold_ending": False, "optimism": 0.5})
     assert (options.name, options.form, options.max_repeats, options.no_lists, options.instruction,
-            options.hold_ending) == (False, "text", 1, False, "Say {words}.", False)
+            options.hold_ending, options.optimism) == (False, "text", 1, False, "Say {words}.", False, 0.5)
+    assert plain.optimism == OPTIMISM and Keywords.of({"words": ["dog"], "optimism": 0}).optimism == 0.0
 
 
 @pytest.mark.parametrize(("value", "message"), [
@@ -30,6 +39,8 @@ def test_a_list_a_dict_or_a_request_make_the_same_request():
     ({"words": ["dog"], "form": "poem"}, "form must be one of"), ({"words": ["dog"], "name": "yes"}, "true or false"),
     ({"words": ["dog"], "hold_ending": 1}, "true or false"),
     ({"words": ["dog"], "max_repeats": 0}, "max_repeats"),
+    ({"words": ["dog"], "optimism": 1.5}, "optimism"), ({"words": ["dog"], "optimism": True}, "optimism"),
+    ({"words": ["dog"], "optimism": "low"}, "optimism"),
     ({"words": ["dog"], "instruction": "Use them."}, "{words}"),
 ])
 def test_bad_keyword_requests_are_refused_naming_the_argument(value, message):

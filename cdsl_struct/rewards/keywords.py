@@ -87,9 +87,9 @@ class KeywordCoverage(Reward):
     ``max_repeats`` (inflections count as the word) takes one word's share off the soft score,
     and in ``"hard"`` mode any excess scores 0, so repeating a keyword never earns more.
     ``no_lists`` scores 0 for a text that lists words instead of using them in a sentence
-    (``list_shaped``), or that opens by listing them, a keyword as an item of its own ("Jump, pool,
-    stand are all the same."): a list holds every keyword at no cost in fluency, and would
-    otherwise earn as much as a sentence. ``off_topic``: words (any inflection) a text earns
+    (``list_shaped``), that opens by listing them, a keyword as an item of its own ("Jump, pool,
+    stand are all the same."), or that ends holding nothing but keywords ("Jump pool stand."): a
+    list holds every keyword at no cost in fluency, and would otherwise earn as much as a sentence. ``off_topic``: words (any inflection) a text earns
     nothing with, e.g. ``TALK_ABOUT_WORDS`` for text about the keywords instead of with them
     ("Boat, dock, water are all words that use all the letters of the alphabet."); a keyword is
     never off topic. ``hold_ending`` (a word count, 0: off): while a word is missing from a text of
@@ -164,8 +164,14 @@ class KeywordCoverage(Reward):
 
     def _listed(self, text: str, final: bool) -> bool:
         """``list_shaped``, or opening with a keyword as an item of its own ("Jump, pool, stand are
-        all the same."): the words of the request listed as the sentence's subject."""
-        return list_shaped(text, final=final) or self._opens_with_keyword(text)
+        all the same."): the words of the request listed as the sentence's subject; finished, a text of
+        keywords alone ("Jump pool stand.", "Boat dock water."): their list without its commas."""
+        return list_shaped(text, final=final) or self._opens_with_keyword(text) or \
+            (final and self._keywords_alone(text))
+
+    def _keywords_alone(self, text: str) -> bool:
+        words = [w.lower() for w in _WORD.findall(text)]
+        return len(words) >= 2 and all(any(w in forms for forms in self._forms) for w in words)
 
     def _opens_with_keyword(self, text: str) -> bool:
         pieces = re.split(r"[,;]", text, maxsplit=1)

@@ -258,6 +258,17 @@ def test_optimism_is_checked_and_prefers_unfinished_rollouts(setup):
     assert len(patient.text) == 6 and re.fullmatch(PATTERN, patient.text) and patient.finish_reason == "stop"
 
 
+def test_cdsl_gives_its_optimism_to_the_draft_and_fallback_it_builds(setup):
+    _, _, draft = setup
+    cdsl = CDSL(draft.runner, likes_h, optimism=0.2)
+    assert cdsl.draft.optimism == cdsl.cdlh.optimism == 0.2
+    assert CDSL(draft.runner, likes_h).draft.optimism == 0.5
+    given = CDLH(likes_h, optimism=0.9)
+    assert CDSL(draft.runner, likes_h, optimism=0.2, cdlh=given).cdlh is given  # one given is kept as it is
+    with pytest.raises(ValueError, match="optimism"):
+        CDSL(draft.runner, likes_h, optimism=1.5)
+
+
 def test_guided_draft_stops_after_an_unsure_token(setup):
     compiled, target, draft = setup
     counts = {}
