@@ -193,6 +193,19 @@ def test_a_sentence_that_opens_by_listing_a_keyword_is_lost():
     assert strict.losing("Jump", [",", ".", None]) == [0]
 
 
+def test_a_sentence_of_keywords_alone_is_their_list_without_commas():
+    strict = KeywordCoverage(["jump", "pool", "stand"], no_lists=True)
+    for alone in ("Jump pool stand.", "Jumping pools stands!", "Pool stand."):
+        assert strict(alone, final=True) == 0.0, alone
+    assert strict("Jump pool stand", final=False) == 1.0  # unfinished, it may still become a sentence
+    assert not strict.failed("Jump pool stand")
+    for sentence in ("The pool stand jumps.", "Jump into the pool and stand.", "Jump."):
+        assert strict(sentence, final=True) > 0.0, sentence
+    assert KeywordCoverage(["jump", "pool", "stand"])("Jump pool stand.", final=True) == 1.0
+    # its ending is held (written on where anything else fits), a word that makes it a sentence is not
+    assert strict.losing("Jump pool stand", [".", None, " in", "s."]) == [0, 1, 3]
+
+
 def test_combined_rewards_fail_as_their_rule_says():
     strict = KeywordCoverage(["a"], no_lists=True)
     never = CallableReward(lambda text: 1.0)
