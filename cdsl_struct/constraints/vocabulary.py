@@ -29,6 +29,8 @@ from ..errors import UnsupportedTokenizer
 _SENTENCEPIECE_SPACE = "\u2581"
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 _MARKER = re.compile(r"<[^<>\s]+>|\[[^\[\]\s]+\]")
+#: texts this long or shorter (a word's spellings) are encoded once per vocabulary, the last this many kept
+_SHORT_TEXT, _ENCODED_KEPT = 32, 4096
 
 
 @lru_cache(maxsize=1)
@@ -182,10 +184,16 @@ def _build_vocabulary(tokenizer: Any, eos_token_ids: Sequence[int] | None) -> To
         raise UnsupportedTokenizer("the tokenizer has no EOS token; pass eos_token_ids")
     special.update(eos)
 
-    def encode(text: str) -> list[int]:
+    def encode_new(text: str) -> tuple[int, ...]:
         if hasattr(tokenizer, "backend_tokenizer"):
-            return list(tokenizer.encode(text, add_special_tokens=False))
-        return list(tokenizer.encode(text, add_special_tokens=False).ids)
+            return tuple(tokenizer.encode(text, add_special_tokens=False))
+        return tuple(tokenizer.encode(text, add_special_tokens=False).ids)
+
+    # a word's spellings are encoded again by every keyword request's draft and guard (~0.1 ms each)
+    encode_short = lru_cache(maxsize=_ENCODED_KEPT)(encode_new)
+
+    def encode(text: str) -> list[int]:
+        return list(encode_short(text) if len(text) <= _SHORT_TEXT else encode_new(text))
 
     return TokenVocabulary(
         token_bytes=token_bytes,
