@@ -89,8 +89,9 @@ class KeywordCoverage(Reward):
     ``no_lists`` scores 0 for a text that lists words instead of using them in a sentence
     (``list_shaped``), that opens by listing them, a keyword as an item of its own ("Jump, pool,
     stand are all the same."), or that ends holding nothing but keywords ("Jump pool stand."): a
-    list holds every keyword at no cost in fluency, and would otherwise earn as much as a sentence. ``off_topic``: words (any inflection) a text earns
-    nothing with, e.g. ``TALK_ABOUT_WORDS`` for text about the keywords instead of with them
+    list holds every keyword at no cost in fluency, and would otherwise earn as much as a sentence.
+    ``off_topic``: words (any inflection) a text earns nothing with, e.g. ``TALK_ABOUT_WORDS`` for
+    text about the keywords instead of with them
     ("Boat, dock, water are all words that use all the letters of the alphabet."); a keyword is
     never off topic. ``hold_ending`` (a word count, 0: off): while a word is missing from a text of
     fewer words than that, the tokens that would end it (a full stop, ``!``, ``?``, the output's end)
