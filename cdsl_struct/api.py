@@ -37,7 +37,6 @@ from .decoding.lookahead import CDLH, CDSL
 from .decoding.loops import WordLoopGuard
 from .decoding.stops import StopHoldback
 from .errors import InvalidArgument, PromptTooLong
-from .keywords import SYSTEM as KEYWORD_SYSTEM
 from .keywords import Keywords, named_prompt
 from .models.background_compile import BackgroundCompile, CompileState, compile_in_background
 from .models.compiled import compile_mode
@@ -180,11 +179,7 @@ class Generator:
                                   kv_budget_bytes=None if kv_budget_gb is None else kv_budget_gb * 2**30)
         self.compiling: BackgroundCompile | None = on_own_thread(
             lambda: compile_in_background(self.engine.runner, torch_compile))
-        keyword_header = chat_header(self.tokenizer, KEYWORD_SYSTEM)
-        # a template that refuses a system turn gets none from a keyword request
-        self._system_turn = bool(keyword_header) or not getattr(self.tokenizer, "chat_template", None)
-        for header in (chat_header(self.tokenizer), keyword_header):  # a draft prefills each once
-            self.engine.programs.share_prefix(header)
+        self.engine.programs.share_prefix(chat_header(self.tokenizer))  # a draft prefills it once
         self.engine.start()
 
     def __repr__(self) -> str:
@@ -407,8 +402,7 @@ class Generator:
         call = self._resolve(read, compile_timeout)
         prompts, batch = split_batch(prompt)
         if chat and call.keywords is not None:
-            keywords = call.keywords if self._system_turn else replace(call.keywords, system=None)
-            prompts = [named_prompt(p, keywords) for p in prompts]
+            prompts = [named_prompt(p, call.keywords) for p in prompts]
         thinking = call.reasoning is not None
         return call, [self._encode(p, chat, call.system, read.params.max_tokens, thinking) for p in prompts], batch
 

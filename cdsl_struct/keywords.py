@@ -33,13 +33,6 @@ CommonGen's tune split (BENCHMARKS.md): against 0.5, every word in 0.77 of the s
 (0.65) and 0.90 where the library does (0.73), the target's loss on the other tokens 4-7% higher; 0.2 and 0.3
 gained less, 0 no more."""
 
-SYSTEM = "You are a helpful assistant."
-"""``Keywords.system``: the system message of a keyword request's chat prompt that has none, in place of the
-chat template's default. SmolLM2's default introduces the model ("You are a helpful AI assistant named
-SmolLM ..."), and the model then talks about itself instead of using the words ("I'm a helpful AI named
-SmolLM, trained to ..."). On CommonGen's tune split (BENCHMARKS.md) this plain one raised every word from
-0.77 to 0.84 of the sets where the user names them (0.90 both where the library does)."""
-
 _NUMBER = r"[0-9]+(?:\.[0-9]+)?"
 _SENTENCE = rf"""(?:[A-Z"'(]|{_NUMBER})(?:[^\n.!?0-9]|{_NUMBER})*[.!?]+["')]?"""
 SENTENCE = Regex(_SENTENCE)
@@ -92,8 +85,7 @@ class Keywords:
     do not end it where they may write on (prose only; the budget closer still ends it in time:
     ``KeywordCoverage(hold_ending=...)``). ``optimism``: the share of a missing word's reward an unfinished
     answer is credited with while steering, in [0, 1] (``OPTIMISM``): lower writes the words in sooner and
-    more often, in terser sentences; the paper's 0.5 steers more gently. ``system``: the system message
-    a chat prompt without one gets (``SYSTEM``; None: the chat template's default). ``instruction``:
+    more often, in terser sentences; the paper's 0.5 steers more gently. ``instruction``:
     the sentence that names the words, with ``{words}`` where they go (default: the form's own,
     "Write one sentence that uses the words {words}." for a sentence).
     """
@@ -106,7 +98,6 @@ class Keywords:
     instruction: str | None = None
     hold_ending: bool = True
     optimism: float = OPTIMISM
-    system: str | None = SYSTEM
 
     def __post_init__(self) -> None:
         if isinstance(self.words, (str, bytes)) or not self.words or \
@@ -123,9 +114,6 @@ class Keywords:
             raise InvalidArgument(f"keywords' optimism must be a number in [0, 1], got {self.optimism!r}",
                                   param="keywords")
         object.__setattr__(self, "optimism", float(self.optimism))
-        if self.system is not None and not (isinstance(self.system, str) and self.system.strip()):
-            raise InvalidArgument("keywords' system message must be text, or null for the template's own",
-                                  param="keywords")
         if self.instruction is not None and not (isinstance(self.instruction, str) and "{words}" in self.instruction):
             raise InvalidArgument("a keyword instruction must be text with {words} where the words go",
                                   param="keywords")
@@ -138,7 +126,7 @@ class Keywords:
             return value
         if isinstance(value, dict):
             unknown = set(value) - {"words", "name", "form", "max_repeats", "no_lists", "instruction", "hold_ending",
-                                   "optimism", "system"}
+                                   "optimism"}
             if unknown:
                 raise InvalidArgument(f"unknown keyword option(s): {', '.join(sorted(unknown))}", param="keywords")
             if "words" not in value:
@@ -187,23 +175,12 @@ class Keywords:
 
 
 def named_prompt(prompt: Any, keywords: Keywords) -> Any:
-    """``prompt`` (a string or a list of messages, for a chat template) with the instruction naming
-    ``keywords`` appended to its last user message, where it needs one, and ``keywords.system`` before
-    it where it has no system message (a string then becomes the two messages)."""
+    """``prompt`` (a string or a list of messages) with the instruction naming ``keywords`` appended
+    to its last user message, where it needs one; otherwise ``prompt`` as it is."""
     if isinstance(prompt, str):
         instruction = keywords.naming(prompt)
-        named = prompt if instruction is None else f"{prompt.rstrip()}\n\n{instruction}"
-        if keywords.system is None:
-            return named
-        return [{"role": "system", "content": keywords.system}, {"role": "user", "content": named}]
-    messages = _named_messages(list(prompt), keywords)
-    if keywords.system is None or any(isinstance(m, dict) and m.get("role") == "system" for m in messages):
-        return messages
-    return [{"role": "system", "content": keywords.system}, *messages]
-
-
-def _named_messages(messages: list[Any], keywords: Keywords) -> list[Any]:
-    """``messages`` with the instruction naming ``keywords`` appended to the last user message."""
+        return prompt if instruction is None else f"{prompt.rstrip()}\n\n{instruction}"
+    messages = list(prompt)
     for index in range(len(messages) - 1, -1, -1):
         message = messages[index]
         if isinstance(message, dict) and message.get("role") == "user" and isinstance(message.get("content"), str):
@@ -211,4 +188,4 @@ def _named_messages(messages: list[Any], keywords: Keywords) -> list[Any]:
             if instruction is not None:
                 messages[index] = {**message, "content": f"{message['content'].rstrip()}\n\n{instruction}"}
             return messages
-    return messages
+    return prompt

@@ -192,16 +192,14 @@ def _templated(tokenizer: Any, messages: list[dict[str, str]], thinking: bool | 
     return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
 
 
-def chat_header(tokenizer: Any, system: str | None = None) -> list[int]:
+def chat_header(tokenizer: Any) -> list[int]:
     """The tokens every one-message chat prompt of ``tokenizer``'s template starts with (its default
-    system turn, or ``system``'s, and the user turn's opening): what most requests share. Empty
-    without a chat template or where the template refuses the probe."""
+    system turn, the user turn's opening): what most requests share. Empty without a chat template
+    or where the template refuses the probe."""
     if not getattr(tokenizer, "chat_template", None):
         return []
-    turns = [] if system is None else [{"role": "system", "content": system}]
     try:
-        first, second = (prompt_ids(tokenizer, [*turns, {"role": "user", "content": text}])
-                         for text in ("Hello.", "Write a sentence."))
+        first, second = (prompt_ids(tokenizer, text) for text in ("Hello.", "Write a sentence."))
     except Exception:  # noqa: BLE001 - a template that refuses one user message has no header to share
         return []
     return list(os.path.commonprefix([first, second]))

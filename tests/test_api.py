@@ -552,23 +552,3 @@ def test_keyword_requests_steer_with_their_own_optimism(smollm2):
     assert strategy(Method.CDLH, None).optimism == 0.5  # a reward of the caller's own: the paper's
     cdsl = strategy(Method.CDSL, Keywords(("dog",), optimism=0.3))
     assert cdsl.optimism == cdsl.draft.optimism == cdsl.cdlh.optimism == 0.3
-
-
-def test_a_keyword_prompt_without_a_system_message_gets_the_plain_one(smollm2):
-    from cdsl_struct.keywords import SYSTEM
-
-    gen = Generator(smollm2, draft=None)
-    try:
-        def rendered(**keywords):
-            _, [ids], _ = gen._prepare("Write a sentence.", **keywords)
-            return gen.tokenizer.decode(ids)
-
-        assert rendered(keywords=["dog"]).startswith(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n")
-        assert "named SmolLM" in rendered(keywords={"words": ["dog"], "system": None})
-        assert "named SmolLM" in rendered()  # a request without keywords keeps the template's own
-        assert [gen.tokenizer.decode(p) for p in gen.engine.programs.shared_prefixes][1] == \
-            f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n"  # a draft prefills it once
-        gen._system_turn = False  # a template that refuses a system turn
-        assert "named SmolLM" in rendered(keywords=["dog"])
-    finally:
-        gen.close()

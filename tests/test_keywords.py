@@ -14,7 +14,6 @@ from cdsl_struct.keywords import (
     OPTIMISM,
     PARAGRAPH,
     SENTENCE,
-    SYSTEM,
     KeywordReport,
     Keywords,
     named_prompt,
@@ -41,8 +40,7 @@ def test_a_list_a_dict_or_a_request_make_the_same_request():
     ({"words": ["dog"], "hold_ending": 1}, "true or false"),
     ({"words": ["dog"], "max_repeats": 0}, "max_repeats"),
     ({"words": ["dog"], "optimism": 1.5}, "optimism"), ({"words": ["dog"], "optimism": True}, "optimism"),
-    ({"words": ["dog"], "optimism": "low"}, "optimism"), ({"words": ["dog"], "system": " "}, "system message"),
-    ({"words": ["dog"], "system": 3}, "system message"),
+    ({"words": ["dog"], "optimism": "low"}, "optimism"),
     ({"words": ["dog"], "instruction": "Use them."}, "{words}"),
 ])
 def test_bad_keyword_requests_are_refused_naming_the_argument(value, message):
@@ -62,34 +60,19 @@ def test_the_instruction_names_the_words_only_where_the_message_lacks_one():
 
 
 def test_the_instruction_goes_to_the_last_user_message():
-    request = Keywords(("dog", "walk"), system=None)
+    request = Keywords(("dog", "walk"))
     assert named_prompt("Write a sentence. ", request) == \
         "Write a sentence.\n\nWrite one sentence that uses the words dog, walk."
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello."},
                 {"role": "assistant", "content": "Hi."}, {"role": "user", "content": "Describe a scene."}]
-    for each in (request, Keywords(("dog", "walk"))):  # the caller's own system message is kept
-        named = named_prompt(messages, each)
-        assert named[:3] == messages[:3] and messages[3]["content"] == "Describe a scene."  # the caller's list too
-        assert named[3] == {"role": "user", "content": "Describe a scene.\n\nWrite one sentence that uses the "
-                                                       "words dog, walk."}
-
-
-def test_a_prompt_without_a_system_message_gets_the_plain_one():
-    request = Keywords(("dog", "walk"))
-    assert request.system == SYSTEM
-    named = "Write a sentence.\n\nWrite one sentence that uses the words dog, walk."
-    assert named_prompt("Write a sentence.", request) == [{"role": "system", "content": SYSTEM},
-                                                          {"role": "user", "content": named}]
-    user = [{"role": "user", "content": "Write a sentence."}]
-    assert named_prompt(user, request) == [{"role": "system", "content": SYSTEM}, {"role": "user", "content": named}]
-    own = Keywords(("dog",), system="Answer in one line.")
-    assert named_prompt("The dog sat.", own) == [{"role": "system", "content": "Answer in one line."},
-                                                 {"role": "user", "content": "The dog sat."}]
-    assert Keywords.of({"words": ["dog"], "system": None}).system is None
-    held = named_prompt([{"role": "user", "content": "A dog went for a walk."}], request)  # no instruction needed
-    assert held == [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "A dog went for a walk."}]
+    named = named_prompt(messages, request)
+    assert named[:3] == messages[:3] and messages[3]["content"] == "Describe a scene."  # the caller's list is kept
+    assert named[3] == {"role": "user", "content": "Describe a scene.\n\nWrite one sentence that uses the words "
+                                                   "dog, walk."}
+    assert named_prompt([{"role": "user", "content": "A dog went for a walk."}], request)[0]["content"] == \
+        "A dog went for a walk."
     only_system = [{"role": "system", "content": "x"}]
-    assert named_prompt(only_system, request) == only_system
+    assert named_prompt(only_system, request) is only_system
 
 
 def test_the_report_says_which_words_the_answer_holds_in_the_order_given():

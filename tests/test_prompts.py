@@ -137,23 +137,3 @@ def test_the_chat_header_is_what_every_user_prompt_starts_with(tokenizer_of):
         chat_template = None
 
     assert chat_header(Plain()) == []
-
-
-def test_a_chat_header_with_a_system_message_of_its_own(tokenizer_of):
-    """``chat_header(tokenizer, system)``: what a keyword request's prompts share (``Keywords.system``); none
-    where the template refuses a system turn, so a keyword request there gets none."""
-    tokenizer = tokenizer_of("smollm2")
-    header = chat_header(tokenizer, "Be plain.")
-    assert tokenizer.decode(header) == "<|im_start|>system\nBe plain.<|im_end|>\n<|im_start|>user\n"
-    messages = [{"role": "system", "content": "Be plain."}, {"role": "user", "content": "Describe a scene."}]
-    assert prompt_ids(tokenizer, messages)[:len(header)] == header
-
-    class NoSystem:
-        chat_template = "refuses a system message"
-
-        def apply_chat_template(self, messages, add_generation_prompt, tokenize):
-            if any(m["role"] == "system" for m in messages):
-                raise TemplateError("System role not supported")
-            return [ord(c) for c in "".join(f"[{m['role']}]{m['content']}" for m in messages)]
-
-    assert chat_header(NoSystem(), "Be plain.") == [] and chat_header(NoSystem()) != []
