@@ -49,6 +49,9 @@ def add_generate_parser(commands: Any) -> argparse.ArgumentParser:
     gen.add_argument("--keywords-may-end-early", dest="hold_ending", action="store_false",
                      help="with --keywords: let a short sentence end while a word is missing (by default it "
                           "writes on where it may, below 20 words)")
+    gen.add_argument("--keyword-optimism", type=float, default=None, metavar="X",
+                     help="with --keywords: the credit in [0, 1] an unfinished answer gets for the words it may "
+                          "still write (default 0.1; the paper's 0.5 steers more gently, in longer sentences)")
     gen.add_argument("--reasoning", action="store_true",
                      help="think first (between the model's markers), then answer under the constraint; the "
                           "thinking goes to stderr")
@@ -161,6 +164,8 @@ def _constraint_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     if args.keywords:
         kwargs["keywords"] = {"words": [w.strip() for w in args.keywords.split(",") if w.strip()],
                               "form": args.keyword_form, "name": args.name_keywords, "hold_ending": args.hold_ending}
+        if args.keyword_optimism is not None:
+            kwargs["keywords"]["optimism"] = args.keyword_optimism
     if args.reasoning_budget is not None:
         if args.reasoning_budget < 0:
             raise ValueError("--reasoning-budget takes a count of thinking tokens >= 0")

@@ -141,6 +141,10 @@ def test_a_structural_tag_file_and_reasoning(capsys, tmp_path):
     assert _constraint_kwargs(parser.parse_args(["generate", "--reasoning", "hi"]))["reasoning"] is True
     assert _constraint_kwargs(parser.parse_args(["generate", "--reasoning-budget", "16", "hi"]))["reasoning"] == 16
     assert "reasoning" not in _constraint_kwargs(parser.parse_args(["generate", "hi"]))
+    keywords = _constraint_kwargs(parser.parse_args(["generate", "--keywords", "dog", "hi"]))["keywords"]
+    assert "optimism" not in keywords  # the library's default
+    steered = parser.parse_args(["generate", "--keywords", "dog", "--keyword-optimism", "0.5", "hi"])
+    assert _constraint_kwargs(steered)["keywords"]["optimism"] == 0.5
 
 
 def _person_file(tmp_path):
