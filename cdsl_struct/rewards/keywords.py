@@ -8,7 +8,10 @@ from functools import lru_cache
 
 from .base import Reward
 
-_WORD = re.compile(r"[A-Za-z]+(?:'[A-Za-z]+)?")
+_WORD = re.compile(r"[^\W\d_]+(?:['\u2019][^\W\d_]+)?")
+"""A word: letters (accented ones too: "café"), with one apostrophe inside ("don't", "child's")."""
+_POSSESSIVE = ("'s", "\u2019s")
+_PHRASE_SPLIT = re.compile(r"[\s-]+")
 _POS_SUFFIX = re.compile(r"_[A-Z]+$")
 _FILLERS = frozenset({"a", "an", "the", "and", "or", "some"})
 LIST_ITEMS = 3
@@ -33,6 +36,25 @@ def inflections(word: str) -> frozenset[str]:
         for group in getAllInflections(lemma).values():
             forms.update(form.lower() for form in group)
     return frozenset(forms)
+
+
+def keyword_forms(word: str) -> frozenset[str]:
+    """``inflections`` of a keyword; of a phrase ("ice cream", "t-shirt"), those of its last word after
+    the others, words joined by single spaces ("ice creams", "t shirt"), as ``_words`` reads text."""
+    parts = [part for part in _PHRASE_SPLIT.split(word.lower()) if part]
+    if len(parts) <= 1:
+        return inflections(word)
+    head = " ".join(parts[:-1])
+    return frozenset(f"{head} {form}" for form in inflections(parts[-1]))
+
+
+def _words(text: str) -> list[str]:
+    """The words of ``text``, lower-cased, a possessive's "'s" dropped ("child's" -> "child")."""
+    words = []
+    for word in _WORD.findall(text):
+        word = word.lower()
+        words.append(word[:-2] if word.endswith(_POSSESSIVE) else word)
+    return words
 
 
 TALK_ABOUT_WORDS = ("word", "sentence", "letter", "phrase", "keyword", "noun", "verb", "alphabet")
@@ -118,20 +140,29 @@ class KeywordCoverage(Reward):
         self.max_repeats = max_repeats
         self.no_lists = no_lists
         self.hold_ending = hold_ending
-        self._forms = [inflections(w) for w in self.words]
+        self._forms = [keyword_forms(w) for w in self.words]
+        # a phrase's forms as word tuples, matched in the text's word sequence
+        self._phrases = [[tuple(f.split(" ")) for f in forms if " " in f] for forms in self._forms]
+        self._form_words = frozenset(w for forms in self._forms for form in forms for w in form.split(" "))
         own = frozenset().union(*self._forms)
         self.off_topic = [w.lower() for w in off_topic if not inflections(w) & own]
         self._off_topic_forms = frozenset().union(*(inflections(w) for w in self.off_topic))
 
     def counts(self, text: str) -> list[int]:
-        """How often each word occurs in ``text`` (any inflection), in the order of ``words``."""
-        tokens = [token.lower() for token in _WORD.findall(text)]
-        return [sum(token in forms for token in tokens) for forms in self._forms]
+        """How often each word occurs in ``text`` (any inflection; a phrase as consecutive words), in
+        the order of ``words``."""
+        tokens = _words(text)
+        counts = []
+        for forms, phrases in zip(self._forms, self._phrases, strict=True):
+            count = sum(token in forms for token in tokens)
+            for phrase in phrases:
+                count += sum(tuple(tokens[i:i + len(phrase)]) == phrase for i in range(len(tokens)))
+            counts.append(count)
+        return counts
 
     def covered(self, text: str) -> list[str]:
         """The words that appear in ``text`` in some inflection."""
-        present = {token.lower() for token in _WORD.findall(text)}
-        return [word for word, forms in zip(self.words, self._forms, strict=True) if forms & present]
+        return [word for word, count in zip(self.words, self.counts(text), strict=True) if count]
 
     def excess(self, text: str) -> int:
         """Occurrences beyond ``max_repeats``, summed over the words (0 without a limit)."""
@@ -171,18 +202,18 @@ class KeywordCoverage(Reward):
             (final and self._keywords_alone(text))
 
     def _keywords_alone(self, text: str) -> bool:
-        words = [w.lower() for w in _WORD.findall(text)]
-        return len(words) >= 2 and all(any(w in forms for forms in self._forms) for w in words)
+        words = _words(text)
+        return len(words) >= 2 and all(w in self._form_words for w in words)
 
     def _opens_with_keyword(self, text: str) -> bool:
         pieces = re.split(r"[,;]", text, maxsplit=1)
         if len(pieces) < 2:
             return False
-        words = [w.lower() for w in _WORD.findall(pieces[0]) if w.lower() not in _FILLERS]
-        return 0 < len(words) <= ITEM_WORDS and any(w in forms for w in words for forms in self._forms)
+        words = [w for w in _words(pieces[0]) if w not in _FILLERS]
+        return 0 < len(words) <= ITEM_WORDS and any(w in self._form_words for w in words)
 
     def _talks_off_topic(self, text: str) -> bool:
-        return bool(self._off_topic_forms) and any(w.lower() in self._off_topic_forms for w in _WORD.findall(text))
+        return bool(self._off_topic_forms) and any(w in self._off_topic_forms for w in _words(text))
 
     @property
     def guard_marks(self) -> str:  # type: ignore[override]

@@ -235,3 +235,17 @@ def test_hold_ending_names_the_endings_while_a_word_is_missing():
     assert KeywordCoverage(["dog", "walk"], hold_ending=4).losing("The dog ran off", ["."]) == []
     with pytest.raises(ValueError, match="hold_ending"):
         KeywordCoverage(["dog"], hold_ending=True)
+
+
+def test_keywords_match_phrases_possessives_and_accented_words():
+    reward = KeywordCoverage(["child", "ice cream", "t-shirt", "café", "naïve"])
+    text = "A child's ice cream and two Ice Creams, T-shirts at the Café, so naïve."
+    assert reward.counts(text) == [1, 2, 1, 1, 1] and not reward.missing(text)
+    assert reward.missing("The child ate ice and cream. Cafe naive shirts.") == ["ice cream", "t-shirt", "café",
+                                                                               "naïve"]
+    assert "ice creams" in reward.suggestions("Hello") and "t shirt" in reward.suggestions("Hello")
+    # the list rules see a phrase's words as the keyword's
+    listed = KeywordCoverage(["ice cream", "beach"], no_lists=True)
+    assert listed("Ice cream beach.", final=True) == 0.0 and listed("The ice cream on the beach.", final=True) == 1.0
+    # a contraction is not a possessive
+    assert KeywordCoverage(["don"]).missing("I don't know.") == ["don"]
