@@ -6,6 +6,9 @@ Checks ``--base`` out into a temporary git worktree and runs the same measuremen
 process per (tree, rows, round), alternating the trees: ``rows`` JSON requests (SmolLM2's
 tokenizer, the person schema of ``cdsl_struct.bench.serving``) at once on a 1-layer, 64-wide
 Llama with SmolLM2's whole vocabulary, draft off, greedy, one torch thread (``--threads``).
+``--free``: the same prompts as free text (``Regex("[\\s\\S]*")``, what a request without a
+constraint decodes under) instead. ``--mask-workers 0`` fills masks on the engine's thread after the
+forward, so host time counts all of the host's work (on a GPU it cannot hide behind a CPU forward).
 Per step after the prefilling one: wall time and the engine's own forward time
 (``EngineStats.forward_seconds``, in both trees); host = wall - forward. Only names both trees
 have are used, so the base may be any commit since the ragged runner landed.
@@ -28,20 +31,22 @@ MEASURE = r'''
 import json, sys, time, torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from cdsl_struct.bench.serving import PERSON_SCHEMA, prompts
-from cdsl_struct.constraints import JsonSchema, compile
+from cdsl_struct.constraints import JsonSchema, Regex, compile
 from cdsl_struct.decoding import BatchEngine, Request
 from cdsl_struct.models import batch_runner, load_tokenizer
 from cdsl_struct.prompts import prompt_ids
-rows, max_tokens, threads = (int(a) for a in sys.argv[1:4])
+rows, max_tokens, threads, free, workers = (int(a) for a in sys.argv[1:6])
 torch.set_num_threads(threads)
 tokenizer = load_tokenizer("smollm2")
 torch.manual_seed(0)
 config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
 model = LlamaForCausalLM(config).eval()
-compiled = compile(JsonSchema(PERSON_SCHEMA), tokenizer, eos_token_ids=[tokenizer.eos_token_id])
+spec = Regex(r"[\s\S]*") if free else JsonSchema(PERSON_SCHEMA)
+compiled = compile(spec, tokenizer, eos_token_ids=[tokenizer.eos_token_id])
 def run(count, tokens):
-    engine = BatchEngine(batch_runner(model, pad_token_id=0), max_batch_size=count, kv_budget_bytes=float("inf"))
+    engine = BatchEngine(batch_runner(model, pad_token_id=0), max_batch_size=count, kv_budget_bytes=float("inf"),
+                         mask_workers=workers)
     running = [engine.submit(Request(tuple(prompt_ids(tokenizer, p)), compiled, max_tokens=tokens, loop_guard=True))
                for p in prompts(count)]
     engine.step()
@@ -50,7 +55,7 @@ def run(count, tokens):
         engine.step()
     wall = time.perf_counter() - start
     count = engine.stats.steps - steps
-    out = {"steps": count, "wall_ms": 1000 * wall / count,
+    out = {"steps": count, "backend": compiled.backend, "wall_ms": 1000 * wall / count,
            "forward_ms": 1000 * (engine.stats.forward_seconds - forward) / count}
     engine.close()
     return out
@@ -67,6 +72,8 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--free", action="store_true", help="free text instead of JSON")
+    parser.add_argument("--mask-workers", type=int, default=2, help="the engine's mask threads (0: none)")
     parser.add_argument("--json", dest="json_out")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="cdsl-ab-") as tmp:
@@ -100,7 +107,8 @@ def _compare(trees: dict[str, Path], args: argparse.Namespace) -> dict[int, dict
             for name, tree in trees.items():
                 env = {**os.environ, "PYTHONPATH": str(tree)}
                 proc = subprocess.run([sys.executable, "-c", MEASURE, str(rows), str(args.max_tokens),
-                                       str(args.threads)], env=env, cwd=tree, capture_output=True, text=True,
+                                       str(args.threads), str(int(args.free)),
+                                       str(args.mask_workers)], env=env, cwd=tree, capture_output=True, text=True,
                                       check=True)
                 result = json.loads(proc.stdout.strip().splitlines()[-1])
                 if not result["package"].startswith(str(tree)):

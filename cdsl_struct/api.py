@@ -29,6 +29,7 @@ from .constraints import (
     TokenVocabulary,
     compile,
 )
+from .constraints.backends.text_backend import FREE_TEXT
 from .constraints.reasoning import with_reasoning
 from .constraints.whitespace import DEFAULT_WHITESPACE
 from .decoding import DraftModelProposer, SamplingParams, build_proposers
@@ -59,8 +60,6 @@ from .streaming import (
 from .tools import ToolCallsGrammar
 from .tools.formats import resolve_format
 
-FREE_TEXT = r"[\s\S]*"
-"""The constraint of an unconstrained answer: any text (special tokens excluded), EOS anywhere."""
 AUTO_DRAFT = "lookup"
 """``draft="auto"``: prompt lookup (plus the grammar's forced tokens, always on). Both are free,
 and on the embedded model they beat model drafts in wall time (BENCHMARKS.md)."""

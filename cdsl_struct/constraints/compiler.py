@@ -63,6 +63,7 @@ from typing import Any, TypeVar
 
 from ..errors import CompileError, CompileTimeout
 from .backends import BACKEND_NAMES, EngineProgram, get_backend
+from .backends.text_backend import is_free_text
 from .closed_objects import closed_spec
 from .schema_rewrite import rewrite_schema
 from .specs import ConstraintSpec, JsonSchema, as_spec
@@ -70,7 +71,8 @@ from .state import ConstraintState
 from .vocabulary import TokenVocabulary
 from .whitespace import DEFAULT_WHITESPACE, WhitespacePolicy
 
-#: engines tried by ``backend="auto"``, per spec kind. llguidance first: it compiles in
+#: engines tried by ``backend="auto"``, per spec kind (free text, ``backends.text_backend.is_free_text``,
+#: is compiled by the table backend ``"text"`` first). llguidance first: it compiles in
 #: milliseconds and expresses more of JSON Schema; outlines-core covers what it refuses.
 AUTO_ORDER: dict[str, tuple[str, ...]] = {
     "json_schema": ("llguidance", "outlines-core"),
@@ -158,7 +160,7 @@ def compile(  # noqa: A001 - the natural name, as in re.compile / xgrammar
     policy = WhitespacePolicy.parse(whitespace)
     rewrite = backend == "auto"  # an explicit engine compiles the schema as given
     if backend == "auto":
-        order = AUTO_ORDER[spec.kind]
+        order = ("text", *AUTO_ORDER[spec.kind]) if is_free_text(spec) else AUTO_ORDER[spec.kind]
     elif backend in BACKEND_NAMES:
         order = (backend,)
     else:

@@ -1,6 +1,7 @@
 """Filling a step's deferred masks into the engine's bitmask, off the engine's thread: the
 llguidance rows whose masks are all deferred in one call that llguidance spreads over its own
-threads (no GIL held: ``fill_drafted_masks``), every other row by ``loop.fill_deferred_masks``.
+threads (no GIL held: ``fill_drafted_masks``), the free-text rows in one copy of their precomputed
+rows (``fill_text_masks``), every other row by ``loop.fill_deferred_masks``.
 Each job carries its row's place in the step, so errors come back to the right row. A draft's
 mask is filled on a worker thread while the draft's pass runs (``draft_with_mask``)."""
 
@@ -13,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ..constraints.backends.text_backend import TextState, fill_text_masks
 from .loop import Proposal, Session, fill_deferred_masks
 from .rows import Row
 
@@ -34,37 +36,57 @@ def fill_masks(jobs: list[MaskJob]) -> list[tuple[int, BaseException | None]]:
 
 
 def split_mask_jobs(jobs: list[MaskJob]) -> tuple[list[MaskJob], list[MaskJob]]:
-    """The jobs whose masks can be filled together in one llguidance call (every mask of the
-    proposal deferred, on an llguidance state: ``fill_drafted_masks``), and the rest."""
-    from ..constraints.backends.llguidance_backend import parallel_fill_supported
-
+    """The jobs whose masks can be filled together (every mask of the proposal deferred, on an
+    llguidance state: one parallel call, ``fill_drafted_masks``; on a free-text state: one copy,
+    ``fill_text_masks``), and the rest."""
     together, alone = [], []
     for job in jobs:
         (row, proposal), _ = job[1]
         state = row.session.state
-        fits = all(mask is None for mask in proposal.masks) and parallel_fill_supported(state) \
+        fits = all(mask is None for mask in proposal.masks) and _batched(state) is not None \
             and not (state.finished and not proposal.tokens)  # finished before the step: fill_mask clears
         (together if fits else alone).append(job)
     return together, alone
 
 
+def _batched(state: Any) -> str | None:
+    """How a state's masks are filled with others': "llguidance", "text" or None (one by one)."""
+    from ..constraints.backends.llguidance_backend import parallel_fill_supported
+
+    if isinstance(state, TextState):
+        return "text"
+    return "llguidance" if parallel_fill_supported(state) else None
+
+
 def fill_masks_together(jobs: list[MaskJob], bitmask: torch.Tensor) -> list[tuple[int, BaseException | None]]:
-    """``fill_masks`` for llguidance rows whose masks are all deferred, in one parallel call (its
-    threads hold no GIL); a row it could not fill goes the usual way."""
+    """``fill_masks`` for the jobs ``split_mask_jobs`` put together: the free-text rows in one copy,
+    the llguidance rows in one parallel call (its threads hold no GIL); a row llguidance could not
+    fill goes the usual way."""
     from ..constraints.backends.llguidance_backend import fill_drafted_masks
 
     base = bitmask.data_ptr()
     row_bytes = bitmask.stride(0) * bitmask.element_size()
-    try:
-        done = fill_drafted_masks([(row.session.state, list(proposal.tokens), (block.data_ptr() - base) // row_bytes)
-                                   for _, ((row, proposal), block) in jobs], bitmask)
-    except Exception:  # noqa: BLE001 - the usual way reports each row's own error
-        return fill_masks(jobs)
-    for (_, ((_, proposal), block)), ok in zip(jobs, done, strict=True):
+
+    def first_row(block: torch.Tensor) -> int:
+        return (block.data_ptr() - base) // row_bytes
+
+    text = [job for job in jobs if isinstance(job[1][0][0].session.state, TextState)]
+    guided = [job for job in jobs if not isinstance(job[1][0][0].session.state, TextState)]
+    fill_text_masks([(row.session.state, len(proposal.tokens), first_row(block))
+                     for _, ((row, proposal), block) in text], bitmask)
+    done = [True] * len(text)
+    if guided:
+        try:
+            done += fill_drafted_masks([(row.session.state, list(proposal.tokens), first_row(block))
+                                        for _, ((row, proposal), block) in guided], bitmask)
+        except Exception:  # noqa: BLE001 - the usual way reports each row's own error
+            return [(index, None) for index, _ in text] + fill_masks(guided)
+    ordered = text + guided
+    for (_, ((_, proposal), block)), ok in zip(ordered, done, strict=True):
         if ok:
             proposal.masks[:] = list(block)
-    return [(index, None) for (index, _), ok in zip(jobs, done, strict=True) if ok] + \
-        fill_masks([job for job, ok in zip(jobs, done, strict=True) if not ok])
+    return [(index, None) for (index, _), ok in zip(ordered, done, strict=True) if ok] + \
+        fill_masks([job for job, ok in zip(ordered, done, strict=True) if not ok])
 
 
 @functools.cache

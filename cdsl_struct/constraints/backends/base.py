@@ -48,11 +48,12 @@ class Backend(ABC):
     ) -> EngineProgram: ...
 
 
-_MODULES = {"llguidance": "llguidance_backend", "outlines-core": "outlines_core_backend"}
+_MODULES = {"llguidance": "llguidance_backend", "outlines-core": "outlines_core_backend", "text": "text_backend"}
 
 
 def get_backend(name: str) -> Backend:
-    """The backend called ``name`` (``"llguidance"`` or ``"outlines-core"``)."""
+    """The backend called ``name`` (``"llguidance"``, ``"outlines-core"``, or ``"text"``: free text
+    only, which ``backend="auto"`` compiles there first)."""
     if name not in _MODULES:
         raise ValueError(f"unknown backend {name!r}; choose auto, {', '.join(_MODULES)}")
     module = importlib.import_module(f"{__package__}.{_MODULES[name]}")
