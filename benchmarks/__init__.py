@@ -17,6 +17,8 @@ HARNESSES: dict[str, tuple[str, str]] = {
     "keyword-load": ("benchmarks.keyword_load", "keyword-constrained requests one at a time vs all at once"),
     "keyword-prompts": ("benchmarks.keyword_prompts",
                         "keywords from prompts that do not name them: named vs unnamed vs naming off, via generate"),
+    "keyword-captions": ("benchmarks.keyword_captions",
+                         "keywords inside a schema's JSON via generate: captions that are sentences, not lists"),
     "request-latency": ("benchmarks.request_latency",
                         "one request at a time on a Generator at its defaults: keywords, JSON, free text"),
     "quality": ("benchmarks.answer_quality", "constrained vs free answers: accuracy, whitespace, token boundaries"),

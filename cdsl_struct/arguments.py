@@ -54,7 +54,8 @@ def read_arguments(*, schema: Any = None, regex: Any = None, choices: Any = None
     with named_errors("keywords"):
         wanted = Keywords.of(keywords)
     with named_errors("reward"):
-        steer = reward_for(wanted, reward, prose=schema is None and tools is None)
+        steer = reward_for(wanted, reward, prose=schema is None and tools is None,
+                           json=schema is not None and tools is None)
     written = tool_format if isinstance(tool_format, ToolFormat) else \
         GENERIC if tool_format in (None, "auto") else resolve_format(tool_format)
     with named_errors("tools", "tool_choice"):
@@ -94,12 +95,13 @@ def answer_spec(*, schema: Any, regex: Any, choices: Any, grammar: Any) -> Const
     return None
 
 
-def reward_for(keywords: Keywords | None, reward: Any, prose: bool = True) -> Reward | None:
+def reward_for(keywords: Keywords | None, reward: Any, prose: bool = True, json: bool = False) -> Reward | None:
     """The reward that steers a call: the keywords' coverage, the user's reward, or their mean.
-    ``prose``: the answer is text, not JSON (a schema's or a tool call's), whose commas make no list."""
+    ``prose``: the answer is text, not JSON (a schema's or a tool call's), whose commas make no list;
+    ``json``: a schema's JSON, whose string values are judged so (``Keywords.reward``)."""
     rewards: list[Reward] = []
     if keywords is not None:
-        rewards.append(keywords.reward(prose))
+        rewards.append(keywords.reward(prose, json))
     if reward is not None:
         if not callable(reward):
             raise ValueError("reward must be a Reward or a function fn(text, final) -> float")

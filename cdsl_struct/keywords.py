@@ -79,8 +79,9 @@ class Keywords:
     text); a ``schema``, ``regex``, ``choices``, ``grammar`` or ``tools`` replaces it.
     ``max_repeats``: occurrences of a word that still earn reward. ``no_lists``: a list of the
     words ("Dog, ride, walk.") earns nothing, nor does text about the words ("Dog, ride, walk are all
-    words that ...": ``TALK_ABOUT_WORDS``), so the steering prefers sentences (prose only, not a
-    schema's or a tool call's JSON), and CDSL writes neither (``decoding.guards``). ``hold_ending``:
+    words that ...": ``TALK_ABOUT_WORDS``), so the steering prefers sentences, and CDSL writes neither
+    (``decoding.guards``); a schema's JSON is judged by its string values (a caption of "Car, gas,
+    pump, station" is a list; ``KeywordCoverage.json_values``), a tool call's not at all. ``hold_ending``:
     while a word is missing from a sentence of fewer than ``HOLD_ENDING_WORDS`` words, CDSL and CDLH
     do not end it where they may write on (prose only; the budget closer still ends it in time:
     ``KeywordCoverage(hold_ending=...)``). ``optimism``: the share of a missing word's reward an unfinished
@@ -142,12 +143,13 @@ class Keywords:
             raise InvalidArgument("keywords must be a non-empty list of words", param="keywords")
         return cls(tuple(words), **options)
 
-    def reward(self, prose: bool = True) -> KeywordCoverage:
+    def reward(self, prose: bool = True, json: bool = False) -> KeywordCoverage:
         """The coverage reward that steers CDLH and CDSL towards the words. ``no_lists`` judges
-        ``prose`` only: a JSON answer's commas separate its values, not a list of the words."""
+        ``prose`` as a whole, and a ``json`` answer (a schema's) by its string values
+        (``KeywordCoverage.json_values``): its own commas separate values, not the words."""
         judged = self.no_lists and prose
-        return KeywordCoverage(self.words, max_repeats=self.max_repeats, no_lists=judged,
-                               off_topic=TALK_ABOUT_WORDS if judged else (),
+        return KeywordCoverage(self.words, max_repeats=self.max_repeats, no_lists=judged or (self.no_lists and json),
+                               json_values=json and not prose, off_topic=TALK_ABOUT_WORDS if judged else (),
                                hold_ending=HOLD_ENDING_WORDS if self.hold_ending and prose else 0)
 
     @property

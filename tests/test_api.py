@@ -180,6 +180,18 @@ def test_keywords_with_a_schema_give_valid_json(gen):
     jsonschema.validate(result.value, schema)
 
 
+@pytest.mark.parametrize("words", [["head", "shake", "walk"], ["climb", "gear", "wall"], ["athlete", "race", "run"]])
+def test_keywords_in_a_schemas_string_value_are_not_listed(gen, words):
+    """A schema's caption used to list the words ("Head shake, walk, head, shake, walk, ",
+    "climb, gear, wall"): its string values are judged as lists are (``KeywordCoverage.json_values``)."""
+    from cdsl_struct.rewards import list_shaped
+
+    schema = {"type": "object", "properties": {"caption": {"type": "string"}}, "required": ["caption"]}
+    result = gen.generate("Write a caption for a photo as JSON.", schema=schema, keywords=words, max_tokens=48)
+    caption = result.value["caption"]
+    assert not list_shaped(caption, final=True) and not caption.lower().startswith(f"{words[0]},"), result.text
+
+
 @pytest.mark.parametrize("words", [["dog", "pull", "sleigh"], ["lady", "hair", "dryer"], ["pond", "rock", "throw"]])
 def test_a_keyword_sentence_does_not_end_short_while_a_word_is_missing(gen, words):
     """With ``hold_ending`` (the default), a sentence of fewer than ``HOLD_ENDING_WORDS`` words ends with a

@@ -112,8 +112,10 @@ def test_keywords_alone_answer_in_their_form_and_any_constraint_replaces_it():
     read = read_arguments(keywords=["dog", "walk"])
     assert read.keywords == Keywords(("dog", "walk"))
     assert read.reward.no_lists and read.reward.max_repeats == 2
-    # a JSON answer's commas separate values: only prose is judged as a list
-    assert not read_arguments(keywords=["dog"], schema={"type": "object"}).reward.no_lists
+    # a JSON answer's commas separate values: a schema's is judged by its string values, a tool call's not
+    by_values = read_arguments(keywords=["dog"], schema={"type": "object"}).reward
+    assert by_values.no_lists and by_values.json_values and not read.reward.json_values
+    assert not read_arguments(keywords={"words": ["dog"], "no_lists": False}, schema={"type": "object"}).reward.no_lists
     assert not read_arguments(keywords=["dog"], tools=[tool]).reward.no_lists
     assert read_arguments(keywords=["dog"], regex="[a-z, ]+").reward.no_lists
     assert read.reward.off_topic and not read_arguments(keywords=["dog"], schema={"type": "object"}).reward.off_topic

@@ -101,6 +101,64 @@ def list_shaped(text: str, *, final: bool) -> bool:
     return items >= LIST_ITEMS
 
 
+def json_string_values(text: str) -> list[tuple[str, bool]]:
+    """The string values of a JSON text, finished or not, in order (object keys left out), each as
+    written between its quotes (escapes kept) with whether its closing quote is there yet."""
+    values: list[tuple[str, bool]] = []
+    containers: list[str] = []
+    key_next = False
+    at, end = 0, len(text)
+    while at < end:
+        char = text[at]
+        if char == '"':
+            close = at + 1
+            while close < end and text[close] != '"':
+                close += 2 if text[close] == "\\" else 1
+            if not (key_next and containers and containers[-1] == "{"):
+                values.append((text[at + 1:min(close, end)], close < end))
+            at = close + 1
+            continue
+        if char in "{[":
+            containers.append(char)
+            key_next = char == "{"
+        elif char in "}]":
+            if containers:
+                containers.pop()
+            key_next = False
+        elif char == ":":
+            key_next = False
+        elif char == ",":
+            key_next = bool(containers) and containers[-1] == "{"
+        at += 1
+    return values
+
+
+def _closing_quote(piece: str, escaped: bool) -> int | None:
+    """Where ``piece`` closes the JSON string it continues (its first quote not escaped; ``escaped``: the
+    string so far ends in an escaping backslash), or None."""
+    at = 0
+    while at < len(piece):
+        if escaped:
+            escaped = False
+        elif piece[at] == "\\":
+            escaped = True
+        elif piece[at] == '"':
+            return at
+        at += 1
+    return None
+
+
+def _closed_items(text: str, *, final: bool) -> int:
+    """How many of ``text``'s comma-separated pieces are items, the last one only when ``final``."""
+    pieces = re.split(r"[,;]", text)
+    return sum(_is_item(piece) for piece in (pieces if final else pieces[:-1]))
+
+
+def _is_item(piece: str) -> bool:
+    words = [w for w in _WORD.findall(piece) if w.lower() not in _FILLERS]
+    return 0 < len(words) <= ITEM_WORDS
+
+
 class KeywordCoverage(Reward):
     """Fraction of ``words`` present (``mode="soft"``), or 1/0 for all present (``"hard"``).
 
@@ -112,6 +170,12 @@ class KeywordCoverage(Reward):
     (``list_shaped``), that opens by listing them, a keyword as an item of its own ("Jump, pool,
     stand are all the same."), or that ends holding nothing but keywords ("Jump pool stand."): a
     list holds every keyword at no cost in fluency, and would otherwise earn as much as a sentence.
+    ``json_values``: the text is JSON (a schema's answer), and ``no_lists`` judges each of its string
+    values instead: ``list_shaped`` ("Car, gas, pump, station"), opening with a keyword as an item of
+    its own ("Door, open, slide. This is ..."), or, closed, three keywords or more and nothing else
+    ("Door open slide"); a value of one or two keywords may be a tag. The guard then keeps the
+    separator and the closing quote that would make the value being written ``list_shaped`` off it,
+    and leaves the JSON's own commas alone.
     ``off_topic``: words (any inflection) a text earns nothing with, e.g. ``TALK_ABOUT_WORDS`` for
     text about the keywords instead of with them
     ("Boat, dock, water are all words that use all the letters of the alphabet."); a keyword is
@@ -126,7 +190,8 @@ class KeywordCoverage(Reward):
     earned_by_end = True
 
     def __init__(self, words: Iterable[str], mode: str = "soft", max_repeats: int | None = None,
-                 no_lists: bool = False, off_topic: Iterable[str] = (), hold_ending: int = 0) -> None:
+                 no_lists: bool = False, off_topic: Iterable[str] = (), hold_ending: int = 0,
+                 json_values: bool = False) -> None:
         if mode not in ("soft", "hard"):
             raise ValueError(f"mode must be 'soft' or 'hard', got {mode!r}")
         if max_repeats is not None and max_repeats < 1:
@@ -140,6 +205,7 @@ class KeywordCoverage(Reward):
         self.max_repeats = max_repeats
         self.no_lists = no_lists
         self.hold_ending = hold_ending
+        self.json_values = json_values
         self._forms = [keyword_forms(w) for w in self.words]
         # a phrase's forms as word tuples, matched in the text's word sequence
         self._phrases = [[tuple(f.split(" ")) for f in forms if " " in f] for forms in self._forms]
@@ -197,13 +263,18 @@ class KeywordCoverage(Reward):
     def _listed(self, text: str, final: bool) -> bool:
         """``list_shaped``, or opening with a keyword as an item of its own ("Jump, pool, stand are
         all the same."): the words of the request listed as the sentence's subject; finished, a text of
-        keywords alone ("Jump pool stand.", "Boat dock water."): their list without its commas."""
+        keywords alone ("Jump pool stand.", "Boat dock water."): their list without its commas. With
+        ``json_values``: any string value ``list_shaped`` (a closed one judged as finished)."""
+        if self.json_values:
+            return any(list_shaped(value, final=final or closed) or self._opens_with_keyword(value)
+                       or ((final or closed) and self._keywords_alone(value, LIST_ITEMS))
+                       for value, closed in json_string_values(text))
         return list_shaped(text, final=final) or self._opens_with_keyword(text) or \
             (final and self._keywords_alone(text))
 
-    def _keywords_alone(self, text: str) -> bool:
+    def _keywords_alone(self, text: str, least: int = 2) -> bool:
         words = _words(text)
-        return len(words) >= 2 and all(w in self._form_words for w in words)
+        return len(words) >= least and all(w in self._form_words for w in words)
 
     def _opens_with_keyword(self, text: str) -> bool:
         pieces = re.split(r"[,;]", text, maxsplit=1)
@@ -218,7 +289,10 @@ class KeywordCoverage(Reward):
     @property
     def guard_marks(self) -> str:  # type: ignore[override]
         """With ``no_lists``: a list is made by closing an item (a separator) or by ending the
-        sentence on one (a full stop, or the output's end). With ``hold_ending`` alone: the stops."""
+        sentence on one (a full stop, or the output's end). With ``hold_ending`` alone: the stops.
+        With ``json_values``: a separator, or the quote that closes a value."""
+        if self.json_values:
+            return _SEPARATORS + '"' if self.no_lists else ""
         return _SEPARATORS + _STOPS if self.no_lists else (_STOPS if self.hold_ending else "")
 
     def losing(self, text: str, pieces: Sequence[str | None]) -> list[int]:
@@ -228,6 +302,8 @@ class KeywordCoverage(Reward):
         while a word is missing."""
         if not (self.no_lists or self.hold_ending) or self.failed(text):
             return []
+        if self.json_values:
+            return self._losing_in_value(text, pieces)
         separated, ending, worded = _kinds(tuple(pieces))
         lost = []
         # a separator closes the last piece (a list's item, or a keyword opening the sentence as one);
@@ -242,6 +318,29 @@ class KeywordCoverage(Reward):
             if self.failed(text + piece) or (stop is not None and self._ends_lost(text + piece[:stop])):
                 lost.append(index)
         return sorted(lost)
+
+    def _losing_in_value(self, text: str, pieces: Sequence[str | None]) -> list[int]:
+        """``losing`` of a JSON text: the pieces whose separator, or closing quote, makes the string value
+        being written a list; none where no value is open (the JSON's own commas)."""
+        values = json_string_values(text)
+        if not values or values[-1][1]:  # an unclosed value is where the text ends
+            return []
+        value = values[-1][0]
+        written = re.split(r"[,;]", value)
+        items = sum(_is_item(piece) for piece in written[:-1])
+        escaped = (len(value) - len(value.rstrip("\\"))) % 2 == 1
+        lost = []
+        for index, piece in enumerate(pieces):
+            if piece is None:
+                continue
+            quote = _closing_quote(piece, escaped)
+            part = piece if quote is None else piece[:quote]
+            marks = sum(part.count(mark) for mark in _SEPARATORS) + (quote is not None)
+            if items + marks < LIST_ITEMS:  # too few items could close, whatever they hold
+                continue
+            if items + _closed_items(written[-1] + part, final=quote is not None) >= LIST_ITEMS:
+                lost.append(index)
+        return lost
 
     def _ends_lost(self, text: str) -> bool:
         """Whether ending the sentence after ``text`` would lose: a list, or a word still missing from a

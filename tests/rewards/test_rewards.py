@@ -249,3 +249,42 @@ def test_keywords_match_phrases_possessives_and_accented_words():
     assert listed("Ice cream beach.", final=True) == 0.0 and listed("The ice cream on the beach.", final=True) == 1.0
     # a contraction is not a possessive
     assert KeywordCoverage(["don"]).missing("I don't know.") == ["don"]
+
+
+def test_json_string_values_are_read_from_a_json_text_finished_or_not():
+    from cdsl_struct.rewards.keywords import json_string_values
+
+    text = '{"caption": "Car, gas", "tags": ["dog", "walk"], "n": 3, "quote": "say \\"hi\\"", "mood": "ha'
+    assert json_string_values(text) == [("Car, gas", True), ("dog", True), ("walk", True),
+                                        ('say \\"hi\\"', True), ("ha", False)]
+    assert json_string_values('{"caption": "A", "mo') == [("A", True)]  # a key being written is no value
+    assert json_string_values('[{"a": "x"}, "y"]') == [("x", True), ("y", True)]
+
+
+def test_a_json_answer_is_judged_by_its_string_values():
+    words = ["car", "gas", "pump", "station"]
+    strict = KeywordCoverage(words, no_lists=True, json_values=True)
+    listed = '{"caption": "Car, gas, pump, station", "mood": "busy"}'
+    sentence = '{"caption": "A car waits at the gas pump by the station.", "mood": "busy"}'
+    assert strict(listed, final=True) == 0.0 and strict(sentence, final=True) == 1.0
+    assert KeywordCoverage(words, no_lists=True)(sentence, final=True) == 1.0  # prose judging: the JSON's commas
+    # a value that opens with a keyword as an item of its own, or holds three keywords and nothing else
+    assert strict('{"caption": "Car, a pump at the gas station."}', final=True) == 0.0
+    assert strict('{"caption": "Car gas pump station"}', final=True) == 0.0
+    # values that may be tags: one keyword each, or two
+    assert strict('{"tags": ["car", "gas", "pump", "station"]}', final=True) == 1.0
+    assert strict('{"tags": "car gas", "caption": "A pump at the station, then home."}', final=True) == 1.0
+    assert strict.failed('{"caption": "He saw a car, gas, pump, station,') and \
+        not strict.failed('{"caption": "He saw a car, gas, pump, station')
+
+
+def test_in_json_the_guard_keeps_off_what_makes_the_value_being_written_a_list():
+    strict = KeywordCoverage(["car", "gas", "pump", "station"], no_lists=True, json_values=True)
+    assert strict.guard_marks == ',;"' and not KeywordCoverage(["car"], json_values=True).guard_marks
+    pieces = [",", '",', '"}', " station", ", the", None, '\\"', " near the old station,"]
+    # a third item closed by a separator or the closing quote; an escaped quote continues the value;
+    # " near the old station," ends a piece of four words (no item)
+    assert strict.losing('{"caption": "He saw a car, gas, pump, station', pieces) == [0, 1, 2, 4]
+    assert strict.losing('{"caption": "He saw a car, gas, pump', pieces) == []
+    assert strict.losing('{"caption": "He saw a car, gas, pump, station", "mood"', [",", ":"]) == []  # the JSON's
+    assert strict.losing('{"caption": "He saw a car, gas, pump, station\\', ['"', '" and']) == []  # escaped
