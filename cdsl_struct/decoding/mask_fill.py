@@ -43,19 +43,17 @@ def split_mask_jobs(jobs: list[MaskJob]) -> tuple[list[MaskJob], list[MaskJob]]:
     for job in jobs:
         (row, proposal), _ = job[1]
         state = row.session.state
-        fits = all(mask is None for mask in proposal.masks) and _batched(state) is not None \
+        fits = all(mask is None for mask in proposal.masks) and _fills_together(state) \
             and not (state.finished and not proposal.tokens)  # finished before the step: fill_mask clears
         (together if fits else alone).append(job)
     return together, alone
 
 
-def _batched(state: Any) -> str | None:
-    """How a state's masks are filled with others': "llguidance", "text" or None (one by one)."""
+def _fills_together(state: Any) -> bool:
+    """Whether a state's masks are filled with other rows' (free text, llguidance), not one by one."""
     from ..constraints.backends.llguidance_backend import parallel_fill_supported
 
-    if isinstance(state, TextState):
-        return "text"
-    return "llguidance" if parallel_fill_supported(state) else None
+    return isinstance(state, TextState) or parallel_fill_supported(state)
 
 
 def fill_masks_together(jobs: list[MaskJob], bitmask: torch.Tensor) -> list[tuple[int, BaseException | None]]:
