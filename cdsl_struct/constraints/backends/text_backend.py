@@ -5,8 +5,8 @@ decodes under, as a table walk.
 token. llguidance computes that mask afresh at every position; here it is one of eight precomputed
 rows, one per state of the UTF-8 decoder (between characters, or inside one still expecting so many
 bytes of such a range), and a token's next state is a table entry. The masks are the same as
-llguidance's (``tests/constraints/backends/test_text_backend.py`` walks both); filling one is a copy, so free
-rows cost the engine's step next to nothing (``fill_text_masks`` fills a step's rows in one op).
+llguidance's (``tests/constraints/backends/test_text_backend.py`` walks both); filling one is a
+copy, so free rows cost the engine's step next to nothing (``fill_text_masks``: a step's rows in one op).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ FREE_TEXT = r"[\s\S]*"
 #: the name a constraint compiled here reports as its backend
 NAME = "text"
 #: patterns compiled here (first) under ``backend="auto"``
-_FREE_PATTERNS = frozenset({FREE_TEXT, r"[\S\s]*", r"(?s:.*)", r"(?s).*"})
+_FREE_PATTERNS = frozenset({FREE_TEXT, r"[\S\s]*"})
 
 BETWEEN, REJECT = 0, -1
 # the UTF-8 decoder's states (Unicode's table 3-7 of well-formed byte sequences): between characters,
@@ -99,8 +99,6 @@ class TextTables:
         eos = [t for t in vocabulary.eos_token_ids if 0 <= t < size]
         allowed[BETWEEN, eos] = 1
         self.masks_np = np.packbits(allowed, axis=-1, bitorder="little").view(np.int32).copy()
-        self.nbytes = int(states.nbytes + self.masks_np.nbytes + 8 * len(self.next_state) * size)
-
 
     @functools.cached_property
     def masks(self) -> Any:
@@ -111,7 +109,7 @@ class TextTables:
 
 
 def text_tables(vocabulary: TokenVocabulary) -> TextTables:
-    """``vocabulary``'s tables, built once (about a second's tenth for 49,152 tokens)."""
+    """``vocabulary``'s tables, built once (0.06 s for SmolLM2's 49,152 tokens, 0.28 s for Qwen3's 151,669)."""
     return vocabulary.engine_object(NAME, TextTables)
 
 
@@ -136,11 +134,6 @@ class TextState(ConstraintState):
         self._program = program
         self._tables = program.tables
         self._path = path
-
-    @property
-    def decoder_state(self) -> int:
-        """The UTF-8 decoder's state now (0: between characters)."""
-        return self._path[-1]
 
     def fill_mask(self, bitmask_row: Bitmask) -> None:
         """The state's mask row copied in (all zero once finished)."""
@@ -183,7 +176,7 @@ class TextState(ConstraintState):
         del self._path[len(self._path) - n:]
 
     def _engine_forced(self, limit: int) -> list[int]:
-        return []  # every state but a dead one allows more than one token
+        return []  # a state allows many tokens; where one alone fits, the model's pass picks it
 
     def _engine_accepting(self) -> bool:
         return self._path[-1] == BETWEEN
