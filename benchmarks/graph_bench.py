@@ -6,10 +6,10 @@ with an empty prefix cache): start-up (capture and self-check), replay against t
 static steps over a random engine-like script (rows joining, leaving, drafts accepted and
 rejected) with ``torch.cuda.set_sync_debug_mode("error")`` around the steps, then the engine at
 ``--rows`` with the batch kept full (``--requests`` through it): the mix as served, the same prompts
-as free text, JSON rows as served against the same prompts as free text, prompt lookup against
-target-only, one row; the ragged runner on a few requests; and transformers' ``generate(...,
-cache_implementation="static")`` over the same prompts (free text, and with our
-``constrained(...)`` processor), warmed at the very lengths it is timed at.
+as free text (by the table backend, and by llguidance as before it), JSON rows as served against the
+same prompts as free text, prompt lookup against target-only, one row; the ragged runner on a few
+requests; and transformers' ``generate(..., cache_implementation="static")`` over the same prompts
+(free text, and with our ``constrained(...)`` processor), warmed at the very lengths it is timed at.
 """
 
 from __future__ import annotations
@@ -106,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
 
     items = build_workload(args.requests)
     free = compile(Regex(FREE_TEXT), tokenizer, eos_token_ids=eos)
+    free_llguidance = compile(Regex(FREE_TEXT), tokenizer, eos_token_ids=eos, backend="llguidance")
     lookup, plain = build_proposers("lookup", model), build_proposers("none", model)
     compiled: dict[str, Any] = {}
     jobs = []
@@ -115,11 +116,11 @@ def run(args: argparse.Namespace) -> int:
             compiled[key] = compile(item.spec, tokenizer, eos_token_ids=eos)
         jobs.append((item, prompt_ids(tokenizer, item.prompt, chat=True), compiled[key]))
 
-    def requests(chosen: list[Any], *, as_free: bool = False, drafts: str = "served") -> list[Request]:
+    def requests(chosen: list[Any], *, free_text: Any = None, drafts: str = "served") -> list[Request]:
         made = []
         for item, prompt, spec in chosen:
             proposers = {"served": lookup if item.draft == "lookup" else plain, "all": lookup, "none": plain}[drafts]
-            made.append(Request(list(prompt), free if as_free else spec, max_tokens=args.max_tokens,
+            made.append(Request(list(prompt), free_text or spec, max_tokens=args.max_tokens,
                                 proposers=tuple(proposers), k=args.k))
         return made
 
@@ -128,11 +129,12 @@ def run(args: argparse.Namespace) -> int:
     one = jobs[:args.one_row_requests]
     runs = {
         "mix_served": (jobs, {}, args.rows),
-        "mix_free": (jobs, {"as_free": True, "drafts": "none"}, args.rows),
+        "mix_free": (jobs, {"free_text": free, "drafts": "none"}, args.rows),
+        "mix_free_llguidance": (jobs, {"free_text": free_llguidance, "drafts": "none"}, args.rows),
         "json_served": (json_jobs, {}, args.rows),
-        "json_free": (json_jobs, {"as_free": True, "drafts": "none"}, args.rows),
+        "json_free": (json_jobs, {"free_text": free, "drafts": "none"}, args.rows),
         "one_row_served": (one, {}, 1),
-        "one_row_free": (one, {"as_free": True, "drafts": "none"}, 1),
+        "one_row_free": (one, {"free_text": free, "drafts": "none"}, 1),
         "one_row_no_drafts": (one, {"drafts": "none"}, 1),
         "one_row_lookup_all": (one, {"drafts": "all"}, 1),
         "mix_no_drafts": (jobs, {"drafts": "none"}, args.rows),
@@ -142,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     in_turn = {f"{name}_in_turn": runs[name] for name in ("mix_free", "mix_no_drafts", "one_row_free")}
     for name, (chosen, options, rows) in {**runs, **in_turn}.items():
         outcome = section(name, lambda chosen=chosen, options=options, rows=rows, name=name: _engine(
-            runner, requests(chosen, **options), rows, [j[0] for j in chosen], check=not options.get("as_free"),
+            runner, requests(chosen, **options), rows, [j[0] for j in chosen], check=not options.get("free_text"),
             profile=name in args.profile.split(","), run_ahead=False if name.endswith("_in_turn") else None))
         if outcome is not None:
             summary["engine"][name] = outcome
@@ -369,7 +371,9 @@ def _ratios(summary: dict[str, Any]) -> dict[str, Any]:
         "lookup_vs_target_only_rows": round(rate("mix_lookup_all") / rate("mix_no_drafts"), 3)
         if rate("mix_no_drafts") else None,
         "graph_vs_ragged_same_requests": round(rate("graph_mix_served_same") / rate("ragged_mix_served"), 2)
-        if rate("ragged_mix_served") else None}
+        if rate("ragged_mix_served") else None,
+        "free_text_table_vs_llguidance": round(rate("mix_free") / rate("mix_free_llguidance"), 3)
+        if rate("mix_free_llguidance") else None}
     for name in ("mix_free", "mix_no_drafts", "one_row_free"):  # steps launched ahead vs each in turn
         if rate(f"{name}_in_turn"):
             ratios[f"{name}_ahead_vs_in_turn"] = round(rate(name) / rate(f"{name}_in_turn"), 3)

@@ -21,6 +21,8 @@ def test_the_graph_bench_reports_every_part(tmp_path, one_torch_thread, monkeypa
     assert same == total > 0
     engine = summary["engine"]
     assert {"mix_served", "mix_free", "one_row_served", "ragged_mix_served", "graph_mix_served_same"} <= set(engine)
+    assert engine["mix_free"]["tokens"] == engine["mix_free_llguidance"]["tokens"]  # the same masks: the same text
+    assert summary["ratios"]["free_text_table_vs_llguidance"] > 0
     assert engine["mix_served"]["eager_steps"] > 0 and engine["ragged_mix_served"]["eager_steps"] == 0
     assert "tottime" in engine["json_free"]["profile"]
     assert engine["mix_free_in_turn"]["ahead_steps"] == 0 and summary["ratios"]["mix_free_ahead_vs_in_turn"] > 0
