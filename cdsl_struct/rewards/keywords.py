@@ -83,6 +83,17 @@ def _kinds(pieces: tuple[str | None, ...]) -> tuple[list[int], list[int], list[i
     return separated, ending, worded
 
 
+def _closed_items(text: str, *, final: bool) -> int:
+    """How many of ``text``'s comma-separated pieces are items, the last one only when ``final``."""
+    pieces = re.split(r"[,;]", text)
+    return sum(_is_item(piece) for piece in (pieces if final else pieces[:-1]))
+
+
+def _is_item(piece: str) -> bool:
+    words = [w for w in _WORD.findall(piece) if w.lower() not in _FILLERS]
+    return 0 < len(words) <= ITEM_WORDS
+
+
 def list_shaped(text: str, *, final: bool) -> bool:
     """Whether ``text`` reads as a list of words rather than a sentence: at least ``LIST_ITEMS`` of
     its comma-separated pieces are items of at most ``ITEM_WORDS`` words (articles and "and"/"or"
@@ -91,14 +102,7 @@ def list_shaped(text: str, *, final: bool) -> bool:
     false), the piece after the last comma is still being written and is not judged, so a text
     once list-shaped stays so as it grows.
     """
-    pieces = re.split(r"[,;]", text)
-    if not final:
-        pieces = pieces[:-1]
-    items = 0
-    for piece in pieces:
-        words = [w for w in _WORD.findall(piece) if w.lower() not in _FILLERS]
-        items += 0 < len(words) <= ITEM_WORDS
-    return items >= LIST_ITEMS
+    return _closed_items(text, final=final) >= LIST_ITEMS
 
 
 def json_string_values(text: str) -> list[tuple[str, bool]]:
@@ -146,17 +150,6 @@ def _closing_quote(piece: str, escaped: bool) -> int | None:
             return at
         at += 1
     return None
-
-
-def _closed_items(text: str, *, final: bool) -> int:
-    """How many of ``text``'s comma-separated pieces are items, the last one only when ``final``."""
-    pieces = re.split(r"[,;]", text)
-    return sum(_is_item(piece) for piece in (pieces if final else pieces[:-1]))
-
-
-def _is_item(piece: str) -> bool:
-    words = [w for w in _WORD.findall(piece) if w.lower() not in _FILLERS]
-    return 0 < len(words) <= ITEM_WORDS
 
 
 class KeywordCoverage(Reward):
