@@ -323,6 +323,16 @@ def about_words(text: str, concepts: list[str]) -> bool:
     return KeywordCoverage(concepts, off_topic=TALK_ABOUT_WORDS).failed(text)
 
 
+ASSISTANT_WORDS = ("ai", "assistant", "chatbot", "smollm")
+"""Words of an answer about the assistant itself, as SmolLM2's default system message has it ("I'm a
+helpful AI named SmolLM, trained to ...")."""
+
+
+def about_assistant(text: str, concepts: list[str]) -> bool:
+    """Whether ``text`` talks about the assistant: one of ``ASSISTANT_WORDS`` that is no concept."""
+    return KeywordCoverage(concepts, off_topic=ASSISTANT_WORDS).failed(text)
+
+
 def keyword_opening(text: str, concepts: list[str]) -> bool:
     """Whether ``text`` opens with a keyword as an item of its own ("Jump, pool, stand are all ..."):
     its first piece, closed by its comma, has lost a ``no_lists`` reward."""

@@ -18,7 +18,8 @@ a word is missing (the library's default holds its ending below ``HOLD_ENDING_WO
 Per condition: hard coverage (every word, inflections count), finished sentences (ended, or closed
 to fit the budget), word lists (``commongen.comma_list`` and the reward's ``list_shaped``), terse
 answers (under six words), fluency (the target's loss a token on the answer's tokens that are not
-keywords, after the condition's prompt as the user wrote it: ``nll_other``), wall time. The figure
+keywords, after the condition's prompt as the user wrote it: ``nll_other``), answers about the assistant
+(``commongen.about_assistant``: "I'm a helpful AI named SmolLM, ..."), wall time. The figure
 of issue 54 is ``unnamed`` hard coverage over ``named``'s on the same sets.
 """
 
@@ -36,7 +37,7 @@ from cdsl_struct.keywords import OPTIMISM, Keywords
 from cdsl_struct.rewards import KeywordCoverage, list_shaped
 
 from . import quality
-from .commongen import PROMPT, about_words, comma_list, keyword_tokens, load_cases
+from .commongen import PROMPT, about_assistant, about_words, comma_list, keyword_tokens, load_cases
 
 INSTRUCTIONS = (
     "Write a sentence.",
@@ -145,6 +146,7 @@ def summarise(rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "word_lists": sum(comma_list(r["text"]) for r in records),
             "list_shaped": sum(list_shaped(r["text"], final=True) for r in records),
             "about_words": sum(about_words(r["text"], r["words"]) for r in records),
+            "about_assistant": sum(about_assistant(r["text"], r["words"]) for r in records),
             "terse": sum(len(r["text"].split()) < TERSE_WORDS for r in records),
             "nll_other": _mean([r["nll_other"] for r in records if r.get("nll_other") is not None]),
             "wall_s": round(sum(r["wall_s"] for r in records), 2)}
@@ -158,15 +160,16 @@ def format_table(report: dict[str, Any]) -> str:
     s, c = report["summary"], report["config"]
     lines = [f"split {c['split']}, {c['limit']} sets (seed {c['seed']}), max_tokens {c['max_tokens']}, "
              f"model {c['model']}, draft {c['draft']}",
-             "| condition | hard coverage | 95% CI | finished | word lists | list-shaped | about the words | terse | "
-             "loss on other tokens | wall s |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| condition | hard coverage | 95% CI | finished | word lists | list-shaped | about the words | "
+             "about the assistant | terse | loss on other tokens | wall s |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for condition in c["conditions"]:
         row = s[condition]
         low, high = row["hard_coverage_ci95"]
         lines.append(f"| {condition} | {row['hard_coverage']:.3f} | [{low:.3f}, {high:.3f}] | {row['finished']:.3f} | "
                      f"{row['word_lists']} | {row['list_shaped']} | {row.get('about_words', '-')} | "
-                     f"{row.get('terse', '-')} | {row.get('nll_other', '-')} | {row['wall_s']} |")
+                     f"{row.get('about_assistant', '-')} | {row.get('terse', '-')} | {row.get('nll_other', '-')} | "
+                     f"{row['wall_s']} |")
     if "unnamed_vs_named" in s:
         lines.append(f"unnamed / named hard coverage: {s['unnamed_vs_named']}x "
                      f"(95% CI {s['unnamed_vs_named_ci95']})")

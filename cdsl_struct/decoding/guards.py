@@ -23,6 +23,7 @@ import torch
 
 from ..constraints.vocabulary import TokenVocabulary
 from ..rewards.base import Reward
+from ..rewards.keywords import is_word
 from .sampling import any_allowed
 
 if TYPE_CHECKING:
@@ -80,16 +81,24 @@ class RewardGuard:
     def _firsts(self, session: Session, words: list[str], at_start: bool) -> set[int]:
         firsts = set()
         for word in words:
-            spellings = [" " + word, " " + word.capitalize()]
-            if at_start:
-                spellings += [word, word.capitalize()]
-            for spelling in spellings:
+            spellings = [word, word.capitalize(), word.upper()]
+            for spelling in [" " + s for s in spellings] + (spellings if at_start else []):
                 if spelling not in self._first:
-                    tokens = session.compiled.vocabulary.encode(spelling)
-                    self._first[spelling] = tokens[0] if tokens else None
+                    self._first[spelling] = _first_piece(session.compiled.vocabulary, spelling)
                 if self._first[spelling] is not None:
                     firsts.add(self._first[spelling])
         return firsts
+
+
+def _first_piece(vocabulary: TokenVocabulary, spelling: str) -> int | None:
+    """The token that starts ``spelling``, to keep it off; None where that would keep off more than it:
+    a first piece that is a word of its own or too short to tell ("A" of "Ai", "chat" of "chatbot",
+    "CH" of "CHATBOT"), where the piece of a longer word is kept off (" sciss" of "scissors")."""
+    tokens = vocabulary.encode(spelling)
+    if len(tokens) <= 1:
+        return tokens[0] if tokens else None
+    piece = vocabulary.token_bytes[tokens[0]].decode("utf-8", errors="replace").strip()
+    return None if len(piece) < 3 or is_word(piece) else tokens[0]
 
 
 def marked_tokens(vocabulary: TokenVocabulary, marks: str) -> tuple[list[int], tuple[str | None, ...]]:

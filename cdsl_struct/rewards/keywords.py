@@ -38,6 +38,14 @@ def inflections(word: str) -> frozenset[str]:
     return frozenset(forms)
 
 
+@lru_cache(maxsize=4096)
+def is_word(text: str) -> bool:
+    """Whether ``text`` is an English noun, verb, adjective or adverb in some form (lemminflect's tables)."""
+    from lemminflect import getAllLemmas
+
+    return bool(getAllLemmas(text.lower()))
+
+
 def keyword_forms(word: str) -> frozenset[str]:
     """``inflections`` of a keyword; of a phrase ("ice cream", "t-shirt"), those of its last word after
     the others, words joined by single spaces ("ice creams", "t shirt"), as ``_words`` reads text."""

@@ -28,10 +28,11 @@ def test_the_summary_counts_coverage_finished_and_lists():
 
     summary = summarise({"named": [row(["a", "b"], "An a and a b."), row(["a", "b"], "A b, a.")],
                          "unnamed": [row(["a", "b"], "Dogs, cats, birds, fish, an a, a b.", finished=False),
-                                     row(["a"], "An a.")]})
+                                     row(["a"], "I'm a helpful AI named SmolLM, an a.")]})
     assert summary["named"]["hard_coverage"] == 1.0 and summary["unnamed"]["hard_coverage"] == 0.5
     assert summary["unnamed"]["finished"] == 0.5 and summary["unnamed"]["word_lists"] == 1
     assert summary["unnamed_vs_named"] == pytest.approx(0.5)
+    assert summary["unnamed"]["about_assistant"] == 1 and summary["named"]["about_assistant"] == 0
 
 
 def test_keyword_prompts_runs_through_generate(tmp_path, smollm2, monkeypatch, one_torch_thread):

@@ -67,6 +67,21 @@ def test_marked_tokens_are_built_once_with_the_ends_last(vocab_of):
     assert vocabulary.encode(",")[0] in ids and vocabulary.encode(" the")[0] not in ids
 
 
+def test_a_spent_word_is_kept_off_by_its_first_token_unless_that_starts_other_words_too(vocab_of):
+    vocabulary = vocab_of("smollm2")
+    session = SimpleNamespace(compiled=SimpleNamespace(vocabulary=vocabulary))
+    guard = RewardGuard(KeywordCoverage(["dog"], off_topic=["ai", "chatbot", "walk", "scissors"]))
+    blocked = set(guard.blocked(session, "I am"))
+    first = {spelling: vocabulary.encode(spelling) for spelling in
+             (" AI", " ai", " walk", " Walk", " scissors", " Ai", " chatbot", " WALK", " Scissors")}
+    assert [len(first[s]) for s in (" AI", " Ai", " chatbot", " WALK")] == [1, 2, 2, 3]
+    assert {first[s][0] for s in (" AI", " ai", " walk", " Walk", " scissors")} <= blocked
+    # " A" of " Ai", " chat" of " chatbot", " W" of " WALK", " Sc" of " Scissors": words of their own, or
+    # too short to tell, that start many other words
+    assert not {first[s][0] for s in (" Ai", " chatbot", " WALK", " Scissors")} & blocked
+    assert vocabulary.encode(" A")[0] not in blocked and vocabulary.encode(" chat")[0] not in blocked
+
+
 @pytest.mark.parametrize("text, closing, ending", [
     ("Bartender, bottle, drink", True, True),     # a third item: its comma, its full stop, the end make a list
     ("Car, drive, front of a road, pedestrian", True, True),
