@@ -1,11 +1,12 @@
 """``python -m benchmarks quality``: are constrained answers as good as free ones?
 
 The same prompts are answered greedily by the batched ``Generator`` in several settings. The
-prompts come from one of two sources:
+prompts come from one of three sources:
 
 - ``families`` (the default, ``extraction_tasks``): extraction of records users extract (people,
   products and prices, events and dates, yes/no flags, categories, lists, a nested object) from
   everyday prose, half the prompts naming the fields, half only asking for the record;
+- ``terse``: the same passages, each asked for without saying JSON ("... Extract the person.");
 - ``maskbench`` (``quality_tasks``): extraction of a MaskBench schema's JSON from prose that
   states every value, plus choice and regex questions.
 
@@ -16,7 +17,8 @@ Settings:
 - ``<policy>``: constrained under a JSON whitespace policy (``compact``, ``spaced``,
   ``flexible``, ``newlines``, ``any`` or a bounded regex), with the loop guard on, as the
   library decodes by default (``decoding.loops``);
-- ``<policy>+noguard``: the same without the loop guard (what the guard costs or saves).
+- ``<policy>+noguard``: the same without the loop guard (what the guard costs or saves);
+- ``<policy>+nostrings``: the same without the string guard (``decoding.strings``).
 
 Choice and regex answers do not depend on the whitespace policy, so they are decoded once and
 shared by the constrained settings (their time counts once, for the first setting that decoded
@@ -54,7 +56,7 @@ from .extraction_tasks import family_tasks
 from .quality_tasks import Path_, Task, build_tasks
 
 DEFAULT_SETTINGS = ("free", "compact", "spaced", "flexible", "newlines", "any")
-SOURCES = ("families", "maskbench")
+SOURCES = ("families", "terse", "maskbench")
 TOKEN_BUDGET = 1.30
 """A default may write at most this many tokens per answer against the compact form of its value."""
 LENGTH_CUT_BUDGET = 0.01
@@ -108,8 +110,9 @@ def parse_setting(name: str) -> tuple[str | None, bool]:
     same with the loop guard off; ``"free"`` -> (None, True). ``+thinkN`` (see ``thinking_of``)
     may follow either."""
     base, *extras = name.split("+")
-    if any(extra != "noguard" and thinking_of(f"+{extra}") is None for extra in extras):
-        raise ValueError(f"unknown setting {name!r}: use free, a whitespace policy, or POLICY+noguard / +thinkN")
+    if any(extra not in ("noguard", "nostrings") and thinking_of(f"+{extra}") is None for extra in extras):
+        raise ValueError(f"unknown setting {name!r}: use free, a whitespace policy, or POLICY+noguard / "
+                         "+nostrings / +thinkN")
     guard = "noguard" not in extras
     if base == "free":
         return None, guard
@@ -283,6 +286,7 @@ def run_quality(data_dir: str | Path, config: QualityConfig, progress: bool = Tr
                 thinking = thinking_of(name)
                 shares = pattern is not None and thinking is None  # choice/regex answers: one decode
                 generator.whitespace, generator.loop_guard = pattern or "compact", guard
+                generator.string_guard = "nostrings" not in name.split("+")
                 todo = [t for t in chunk if t.kind == "extract" or t.id not in shared] if shares else chunk
                 if progress:
                     print(f"[quality] {config.split} chunk {number + 1}/{len(chunks)}: {name}", flush=True)
@@ -304,8 +308,8 @@ def run_quality(data_dir: str | Path, config: QualityConfig, progress: bool = Tr
 
 def load_tasks(data_dir: str | Path, config: QualityConfig) -> list[Task]:
     """The split's tasks from ``config.source`` (``data_dir`` is read for ``maskbench`` only)."""
-    if config.source == "families":
-        return family_tasks(config.split, config.cases)
+    if config.source in ("families", "terse"):
+        return family_tasks(config.split, config.cases, terse=config.source == "terse")
     if config.source == "maskbench":
         return build_tasks(data_dir, config.split, config.cases, config.kinds)
     raise ValueError(f"unknown source {config.source!r}; choose from {', '.join(SOURCES)}")
@@ -481,8 +485,8 @@ def add_arguments(parser: Any) -> None:
     """``python -m benchmarks quality``'s options (defaults are ``QualityConfig``'s)."""
     defaults = QualityConfig()
     parser.add_argument("--source", default=defaults.source, choices=SOURCES,
-                        help="families: extraction in seven everyday families (default); maskbench: tasks from "
-                             "MaskBench cases (needs --data)")
+                        help="families: extraction in seven everyday families (default); terse: the same, "
+                             "asked for without saying JSON; maskbench: tasks from MaskBench cases (needs --data)")
     parser.add_argument("--data", default="../shared/data/maskbench", help="MaskBench .jsonl.gz folder (maskbench)")
     parser.add_argument("--split", default="both", choices=["tune", "report", "both"],
                         help="both: choose the whitespace default on tune, then measure on report (default)")

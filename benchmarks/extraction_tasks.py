@@ -54,6 +54,8 @@ NAMED_PROMPTS = ("{text}\n\nExtract the {what} from the text above as JSON with 
 SCHEMA_PROMPTS = ("{text}\n\nExtract the {what} from the text above as JSON.",
                   "Read this:\n{text}\n\nReturn the {what} as a JSON object.",
                   "Text: {text}\nGive me the {what} as JSON.")
+TERSE_PROMPTS = ("{text} Extract the {what}.", "{text}\n\nWhat is the {what}?", "{text} Give me the {what}.")
+"""The ``terse`` source's prompts: the record asked for without saying JSON, as README's examples ask."""
 
 
 def _strict(properties: dict[str, Any]) -> dict[str, Any]:
@@ -165,8 +167,9 @@ def _keys(record: dict[str, Any]) -> str:
     return ", ".join(names[:-1]) + f" and {names[-1]}"
 
 
-def family_task(case_id: str) -> Task:
-    """The task of one case id (``"person-0007"``), the same every time."""
+def family_task(case_id: str, terse: bool = False) -> Task:
+    """The task of one case id (``"person-0007"``), the same every time; ``terse``: the same passage
+    asked for in one of ``TERSE_PROMPTS``."""
     family = case_id.rsplit("-", 1)[0]
     if family not in _BUILDERS:
         raise ValueError(f"unknown family in {case_id!r}; families: {', '.join(FAMILIES)}")
@@ -174,12 +177,15 @@ def family_task(case_id: str) -> Task:
     _, text, schema, record = _BUILDERS[family](rng)
     named = rng.random() < 0.5
     template = rng.choice(NAMED_PROMPTS if named else SCHEMA_PROMPTS)
+    if terse:
+        template, named = rng.choice(TERSE_PROMPTS), False
     prompt = template.format(text=text, what=_WHAT[family], keys=_keys(record))
     return Task(case_id, "extract", prompt, schema, leaves(record), source=f"{family}/{'named' if named else 'schema'}")
 
 
-def family_tasks(split: str, cases: int, families: tuple[str, ...] = FAMILIES) -> list[Task]:
-    """``cases`` tasks of ``split``, spread evenly over ``families`` (interleaved by family)."""
+def family_tasks(split: str, cases: int, families: tuple[str, ...] = FAMILIES, terse: bool = False) -> list[Task]:
+    """``cases`` tasks of ``split``, spread evenly over ``families`` (interleaved by family); ``terse``:
+    in ``TERSE_PROMPTS``."""
     per_family = -(-cases // len(families))
     chosen: dict[str, list[Task]] = {f: [] for f in families}
     for family in families:
@@ -188,6 +194,6 @@ def family_tasks(split: str, cases: int, families: tuple[str, ...] = FAMILIES) -
             case_id = f"{family}-{number:04d}"
             number += 1
             if split_of(case_id) == split:
-                chosen[family].append(family_task(case_id))
+                chosen[family].append(family_task(case_id, terse))
     interleaved = [chosen[f][i] for i in range(per_family) for f in families]
     return interleaved[:cases]

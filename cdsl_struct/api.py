@@ -127,6 +127,9 @@ class Generator:
     steered out of the cycle instead of running to ``max_tokens`` (``decoding.loops``; target
     and speculative rows; CDLH and CDSL rows never write a block of tokens, or of words whatever
     their case and punctuation, a third time in a row; it never loosens a constraint).
+    ``string_guard`` (default on): where a JSON schema's string value is open and the model moves on to
+    a closing bracket without its quote, the value ends there (``decoding.strings``; target and
+    speculative rows; it only moves probability between tokens the constraint allows).
     ``torch_compile``: the batched target forward's decoder layers run through graphs compiled ahead of
     time (``models.saved_graphs``). The Generator returns once the model is loaded (and ~2 s of
     ``background_compile.prepare_loading``) and answers eagerly; a second
@@ -146,7 +149,7 @@ class Generator:
                  backend: str = "auto", whitespace: str = DEFAULT_WHITESPACE, compile_timeout: float = 30.0,
                  k: int = 6, device: Any = "auto", dtype: Any = "auto", max_batch_size: int = 32,
                  kv_budget_gb: float | None = None, extra_properties: bool = False,
-                 max_prompt_tokens: int | None = None, loop_guard: bool = True,
+                 max_prompt_tokens: int | None = None, loop_guard: bool = True, string_guard: bool = True,
                  torch_compile: bool | str = False, tool_format: str = "auto") -> None:
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
@@ -162,7 +165,7 @@ class Generator:
         self.extra_properties = extra_properties
         self.tool_format = resolve_format(tool_format, self.tokenizer)
         self.max_prompt_tokens = max_prompt_tokens
-        self.loop_guard = loop_guard
+        self.loop_guard, self.string_guard = loop_guard, string_guard
         self.k = k
         self.draft: str | None = None if draft in (None, "none") else (AUTO_DRAFT if draft == "auto" else draft)
         self.proposers = on_own_thread(lambda: build_proposers(self.draft, self.loaded.model,
@@ -502,7 +505,7 @@ class Generator:
             if call.method is Method.SPECULATIVE else []
         row = Request(tuple(prompt), compiled, call.sampling, call.params.max_tokens, tuple(proposers), self.k,
                       on_tokens, stop=call.params.stop, penalties=call.penalties, logprobs=call.params.logprobs,
-                      cancel_event=cancel, loop_guard=self.loop_guard,
+                      cancel_event=cancel, loop_guard=self.loop_guard, string_guard=self.string_guard,
                       strategy=self._strategy(call), on_budget=budget_mode(call))
         result = self.engine.submit(row).wait()
         if emit is not None:

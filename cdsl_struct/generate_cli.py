@@ -98,7 +98,8 @@ def run_generate(args: argparse.Namespace) -> int:
         kwargs = _constraint_kwargs(args)
         read_arguments(params=params_from_args(args), **kwargs)  # a bad spec fails before the model loads
         generator = cached_generator(args.model, None if args.draft == "none" else args.draft, backend=args.backend,
-                                     whitespace=args.whitespace, loop_guard=args.loop_guard, device=args.device,
+                                     whitespace=args.whitespace, loop_guard=args.loop_guard,
+                                     string_guard=args.string_guard, device=args.device,
                                      dtype=args.dtype, max_batch_size=args.max_batch_size)
         if args.stream:
             with generator.stream(prompt, params=params_from_args(args), **kwargs) as stream:

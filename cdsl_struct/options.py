@@ -63,14 +63,17 @@ def one_constraint(given: dict[str, Any]) -> tuple[str, Any] | None:
 
 
 def add_output_options(parser: Any) -> None:
-    """``--whitespace`` and ``--no-loop-guard``: the same options with the same defaults for every
-    command that decodes (``generate``, ``batch``, ``serve``)."""
+    """``--whitespace``, ``--no-loop-guard`` and ``--no-string-guard``: the same options with the same
+    defaults for every command that decodes (``generate``, ``batch``, ``serve``)."""
     parser.add_argument("--whitespace", default=DEFAULT_WHITESPACE,
                         help=f"JSON whitespace: {', '.join(WHITESPACE_POLICIES)} or a bounded regex "
                              f"(default {DEFAULT_WHITESPACE}, chosen by bench quality)")
     parser.add_argument("--no-loop-guard", dest="loop_guard", action="store_false",
                         help="let an output that repeats one block of tokens run on to max_tokens "
                              "(by default the block's next repeat is steered away from)")
+    parser.add_argument("--no-string-guard", dest="string_guard", action="store_false",
+                        help="let a JSON string value the model leaves open swallow the closing bracket it "
+                             "writes instead (by default the value ends there)")
 
 
 def add_torch_compile_option(parser: Any, default: str) -> None:

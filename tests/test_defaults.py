@@ -17,6 +17,7 @@ from cdsl_struct.options import DEFAULT_WHITESPACE, SERVE_TORCH_COMPILE
 from cdsl_struct.prompts import prompt_ids
 from cdsl_struct.server.app import serve
 from cdsl_struct.server.cli import add_serve_parser
+from cdsl_struct.server.handoff import GENERATOR_OPTIONS
 from cdsl_struct.tools.grammar import ToolCallsGrammar
 from cdsl_struct.verbs import generate
 
@@ -77,15 +78,25 @@ def test_a_batch_job_passes_its_output_options_to_its_generator(monkeypatch):
     assert seen["torch_compile"] == "on"
 
 
-def test_the_loop_guard_is_on_everywhere_unless_turned_off():
-    assert _default(Generator.__init__, "loop_guard") is True and BatchJob().loop_guard is True
-    assert _default(serve, "loop_guard") is True
+@pytest.mark.parametrize("guard", ["loop_guard", "string_guard"])
+def test_each_guard_is_on_everywhere_unless_turned_off(guard):
+    assert _default(Generator.__init__, guard) is True and getattr(BatchJob(), guard) is True
+    assert _default(serve, guard) is True and guard in GENERATOR_OPTIONS  # the compiled child's too
+    flag = "--no-" + guard.replace("_", "-")
     for add_parser, argv in ((add_generate_parser, ["generate", "p"]), (add_batch_parser, ["batch", "i", "o"]),
                              (add_serve_parser, ["serve"])):
         parser = argparse.ArgumentParser()
         add_parser(parser.add_subparsers(dest="command"))
-        assert parser.parse_args(argv).loop_guard is True
-        assert parser.parse_args([*argv, "--no-loop-guard"]).loop_guard is False
+        assert getattr(parser.parse_args(argv), guard) is True
+        assert getattr(parser.parse_args([*argv, flag]), guard) is False
+    job = job_from_args(_parsed_batch(["batch", "i", "o", flag]))
+    assert getattr(job, guard) is False and getattr(BatchJob.from_dict(job.to_dict()), guard) is False
+
+
+def _parsed_batch(argv):
+    parser = argparse.ArgumentParser()
+    add_batch_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(argv)
 
 
 @pytest.fixture(scope="module")

@@ -97,8 +97,8 @@ def run_overhead_bench(config: OverheadConfig) -> dict[str, Any]:
 
 
 def _requests(tokenizer: Any, compiled: Any, rows: int, max_tokens: int) -> list[Request]:
-    return [Request(tuple(prompt_ids(tokenizer, text)), compiled, max_tokens=max_tokens, loop_guard=True)
-            for text in prompts(rows)]
+    return [Request(tuple(prompt_ids(tokenizer, text)), compiled, max_tokens=max_tokens, loop_guard=True,
+                    string_guard=True) for text in prompts(rows)]
 
 
 def _measure(model: Any, tokenizer: Any, compiled: Any, rows: int, config: OverheadConfig) -> dict[str, Any]:

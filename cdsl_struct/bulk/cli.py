@@ -56,7 +56,8 @@ def add_batch_parser(commands: Any) -> argparse.ArgumentParser:
 def job_from_args(args: argparse.Namespace) -> BatchJob:
     """The ``BatchJob`` the parsed arguments describe (files read here)."""
     job = BatchJob(model=args.model, draft=None if args.draft == "none" else args.draft, backend=args.backend,
-                   whitespace=args.whitespace, loop_guard=args.loop_guard, device=args.device, dtype=args.dtype,
+                   whitespace=args.whitespace, loop_guard=args.loop_guard, string_guard=args.string_guard,
+                   device=args.device, dtype=args.dtype,
                    params=params_from_args(args), max_batch_size=max(args.batch_size, 1), chat=not args.no_chat,
                    torch_compile=args.torch_compile)
     if args.schema:

@@ -30,6 +30,7 @@ class BatchJob:
     backend: str = "auto"
     whitespace: str = DEFAULT_WHITESPACE
     loop_guard: bool = True
+    string_guard: bool = True
     device: str = "auto"
     dtype: str = "auto"
     params: GenerationParams = GenerationParams()
@@ -55,8 +56,8 @@ class BatchJob:
         from ..api import Generator
 
         return Generator(self.model, draft=self.draft, backend=self.backend, whitespace=self.whitespace,
-                         loop_guard=self.loop_guard, device=self.device, dtype=self.dtype,
-                         max_batch_size=self.max_batch_size, torch_compile=self.torch_compile)
+                         loop_guard=self.loop_guard, string_guard=self.string_guard, device=self.device,
+                         dtype=self.dtype, max_batch_size=self.max_batch_size, torch_compile=self.torch_compile)
 
     def check(self) -> None:
         """Check the constraint up front: a bad one fails the job before any row, with its typed error."""

@@ -54,9 +54,9 @@ from .loop import (
     propose,
     truncate,
 )
-from .loops import loop_bans, penalise
 from .mask_fill import fill_masks, fill_masks_together, split_mask_jobs
 from .programs import Programs
+from .row_logits import adjust_logits
 from .rows import Request, Row
 from .scheduler import DEFAULT_PREFILL_BUDGET, Scheduler, default_kv_budget, default_prefill_budget
 from .stops import StopStrings
@@ -460,16 +460,7 @@ class BatchEngine:
         phases = self.stats.phase_seconds
         started = time.perf_counter()
         spans = [(start, start + len(proposal.tokens) + 1) for _, proposal, start in rows]
-        bans: list[tuple[int, int]] = []
-        for (row, proposal, _), (start, end) in zip(rows, spans, strict=True):
-            penalties, session = row.request.penalties, row.session
-            if penalties is not None and penalties.active:
-                penalties.apply(logits[start:end], session.output, proposal.tokens)
-            if row.request.loop_guard and not proposal.closing:  # a closing mask allows one token: never ban it
-                row_bans = loop_bans(session.output, proposal.tokens, end - start)
-                session.stats.loop_guarded += len(row_bans)
-                bans += [(start + i, token) for i, token in row_bans]
-        penalise(logits, bans)
+        moves = adjust_logits(rows, spans, logits)  # penalties, loop bans; the string guard's moves after the masks
         # a sampling row's token after its last proposed one, drawn with the argmaxes, and its verdict
         # on what it proposed, judged with them (one read)
         sampling = [(row, proposal, start, end) for (row, proposal, _), (start, end) in zip(rows, spans, strict=True)
@@ -489,7 +480,7 @@ class BatchEngine:
                                        [row_end for row_end, _, _ in draws])
             launch_seconds = time.perf_counter() - launched
         choices, drawn, judged = mask_and_choose(logits, _in_logit_order(masks, spans, logits.shape[0]), draws,
-                                                 verdicts, launch if may_run_ahead else None)
+                                                 verdicts, launch if may_run_ahead else None, moves)
         drawn_at = {row_end: token for (row_end, _, _), token in zip(draws, drawn, strict=True)}
         if self._ahead is not None:  # the tokens it fed, read back now (a step of one position a row)
             fed = {row.row_id for row in self._ahead.rows}

@@ -27,6 +27,7 @@ from ..result import DecodeStats, Result, parse_value
 from .budget import BudgetCloser
 from .sampling import SamplingParams, any_allowed, choose, distribution, draw_tokens, speculative_verdict
 from .strategy import MAIN, Passes, StepProgram
+from .strings import StringTokens, move_to_quote
 
 if TYPE_CHECKING:
     from .guards import RewardGuard
@@ -87,6 +88,8 @@ class Session:
     """Per committed token, when the request asked for log-probabilities (``decoding.logprobs``)."""
     budget: BudgetCloser | None = None
     """Closes the output before ``max_tokens`` cuts it (``on_budget="close"``), or None."""
+    json_scan: Any = None
+    """The string guard's ``strings.JsonScan`` of the output so far, once it has read it."""
 
     @property
     def sequence(self) -> list[int]:
@@ -267,7 +270,8 @@ BeforeRead = Callable[[torch.Tensor, torch.Tensor | None], None]
 
 def mask_and_choose(logits: torch.Tensor, masks: torch.Tensor,
                     draws: Sequence[tuple[int, SamplingParams, torch.Generator]] = (),
-                    verdicts: Sequence[VerdictRequest] = (), before_read: BeforeRead | None = None
+                    verdicts: Sequence[VerdictRequest] = (), before_read: BeforeRead | None = None,
+                    moves: tuple[Sequence[int], StringTokens] | None = None
                     ) -> tuple[list[int], list[int], list[tuple[int, int]]]:
     """Mask ``logits`` in place by ``masks`` (one packed row per row of logits), choose greedily in
     every row (``greedy_choices``), draw a token for each of ``draws`` (``(row, params, generator)``:
@@ -276,10 +280,13 @@ def mask_and_choose(logits: torch.Tensor, masks: torch.Tensor,
     memory, read once). Returns (choices, draws, verdicts): each verdict (accepted, the residual's
     draw). ``before_read``, if given, gets the choices and draws as tensors where the logits are,
     before the read: what it launches on the device then runs while the host waits for the read
-    (which is queued ahead of it, so it does not wait for that work)."""
+    (which is queued ahead of it, so it does not wait for that work). ``moves``: the string guard's
+    positions, moved after the masks (``strings.move_to_quote``)."""
     if host_kernels(logits):
         rows = logits.numpy()
         mask_on_host(rows, masks)
+        if moves is not None:
+            move_to_quote(rows, *moves)
         # the logits are host memory here: drawing and judging over that memory reads nothing more back
         held = torch.from_numpy(rows)
         drawn_tokens = draw_tokens(held, draws) if draws else None
@@ -291,6 +298,8 @@ def mask_and_choose(logits: torch.Tensor, masks: torch.Tensor,
         drawn = drawn_tokens.tolist() if drawn_tokens is not None else []
         return choices, drawn, [(accepted, token) for accepted, token in judged]
     apply_bitmask(logits, masks)
+    if moves is not None:
+        move_to_quote(logits, *moves)
     best, index = logits.max(dim=-1)
     parts = [torch.where(torch.isfinite(best), index, -1)]
     if draws:

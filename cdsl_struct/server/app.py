@@ -379,7 +379,7 @@ def _cancelled_result(item: Any) -> bool:
 
 def serve(host: str = "127.0.0.1", port: int = 8000, model: str = "smollm2", draft: str | None = "auto", *,
           backend: str = "auto", whitespace: str = DEFAULT_WHITESPACE, loop_guard: bool = True,
-          compile_timeout: float = 30.0,
+          string_guard: bool = True, compile_timeout: float = 30.0,
           log_level: str = "info",
           device: Any = "auto", dtype: Any = "auto", max_batch_size: int = 32, extra_properties: bool = False,
           max_prompt_tokens: int | None = None, torch_compile: bool | str = SERVE_TORCH_COMPILE,
@@ -403,9 +403,10 @@ def serve(host: str = "127.0.0.1", port: int = 8000, model: str = "smollm2", dra
     config = ServerConfig(**options)
     mode = compile_mode(torch_compile)
     generator_options = {"model": model, "draft": draft, "backend": backend, "whitespace": whitespace,
-                         "loop_guard": loop_guard, "compile_timeout": compile_timeout, "device": device,
-                         "dtype": dtype, "max_batch_size": max_batch_size, "extra_properties": extra_properties,
-                         "max_prompt_tokens": max_prompt_tokens, "tool_format": tool_format}
+                         "loop_guard": loop_guard, "string_guard": string_guard, "compile_timeout": compile_timeout,
+                         "device": device, "dtype": dtype, "max_batch_size": max_batch_size,
+                         "extra_properties": extra_properties, "max_prompt_tokens": max_prompt_tokens,
+                         "tool_format": tool_format}
     generator = Generator(**generator_options, torch_compile="off")
     load = generator.load()
     static = getattr(load, "static_runner", False)

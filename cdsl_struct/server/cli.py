@@ -136,7 +136,8 @@ def run_serve(args: argparse.Namespace) -> int:
                           max_rows=args.max_rows_per_request)
     serve(args.host, args.port, args.model, None if args.draft == "none" else args.draft, backend=args.backend,
           device=args.device, dtype=args.dtype, max_batch_size=args.max_batch_size,
-          whitespace=args.whitespace, loop_guard=args.loop_guard, compile_timeout=args.compile_timeout,
+          whitespace=args.whitespace, loop_guard=args.loop_guard, string_guard=args.string_guard,
+          compile_timeout=args.compile_timeout,
           log_level=args.log_level,
           extra_properties=args.allow_extra_properties, max_prompt_tokens=args.max_prompt_tokens,
           torch_compile=args.torch_compile, tool_format=args.tool_format,

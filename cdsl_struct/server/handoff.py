@@ -51,8 +51,8 @@ _DROPPED_RESPONSE_HEADERS = {"connection", "keep-alive", "transfer-encoding", "d
 
 
 #: ``serve``'s arguments the child takes as they are (the Generator's; the rest are ``ServerConfig``'s)
-GENERATOR_OPTIONS = ("model", "draft", "backend", "whitespace", "loop_guard", "compile_timeout", "device", "dtype",
-                     "max_batch_size", "extra_properties", "max_prompt_tokens", "tool_format")
+GENERATOR_OPTIONS = ("model", "draft", "backend", "whitespace", "loop_guard", "string_guard", "compile_timeout",
+                     "device", "dtype", "max_batch_size", "extra_properties", "max_prompt_tokens", "tool_format")
 
 
 def child_options(generator_options: dict[str, Any], config: Any) -> dict[str, Any]:

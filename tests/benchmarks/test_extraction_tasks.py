@@ -64,6 +64,15 @@ def test_named_prompts_name_every_key_and_schema_prompts_name_none():
     assert "in_stock" not in schema_only.prompt
 
 
+def test_terse_prompts_ask_for_the_same_passage_without_saying_json(tune):
+    terse = family_tasks("tune", 210, terse=True)
+    assert [t.id for t in terse] == [t.id for t in tune] and [t.fields for t in terse] == [t.fields for t in tune]
+    for plain, short in zip(tune, terse, strict=True):
+        assert "JSON" not in short.prompt and short.source.endswith("/schema")
+        passage = short.prompt.split("\n\n")[0].rsplit(" Extract", 1)[0].rsplit(" Give me", 1)[0]
+        assert passage in plain.prompt  # the same passage, asked otherwise
+
+
 def test_scoring_a_family_answer(tune):
     task = next(t for t in tune if t.id.startswith("list"))
     record = {"owner": task.fields[("owner",)], "items": task.fields[("items",)]}

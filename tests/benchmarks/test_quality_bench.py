@@ -110,6 +110,7 @@ def test_helpers():
     assert parse_setting("free") == (None, True)
     assert parse_setting("newlines") == ("newlines", True) and parse_setting("[ ]{0,2}") == ("[ ]{0,2}", True)
     assert parse_setting("flexible+noguard") == ("flexible", False)
+    assert parse_setting("flexible+nostrings") == ("flexible", True)  # the string guard off, read where it is set
     assert parse_setting("flexible+think64") == ("flexible", True) and thinking_of("flexible+think64") == 64
     assert thinking_of("flexible+noguard") is None and parse_setting("free+think8+noguard") == (None, False)
     with pytest.raises(ValueError):

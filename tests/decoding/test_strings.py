@@ -1,0 +1,123 @@
+"""The string guard: a JSON string value whose model moves on to a closing bracket is ended there."""
+
+import json
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+from pydantic import BaseModel
+
+from cdsl_struct.api import Generator
+from cdsl_struct.constraints import JsonSchema, Regex, compile
+from cdsl_struct.constraints.mask import allocate_bitmask, apply_bitmask
+from cdsl_struct.decoding.strings import JsonScan, guarded, move_to_quote, string_moves, string_tokens
+from cdsl_struct.rewards.keywords import json_string_values
+
+
+def _value_open(prefix: str) -> bool:
+    """The reference: the text ends inside a string value (not a key) whose brackets balance."""
+    values = json_string_values(prefix)
+    if not values or values[-1][1] or not prefix.rstrip("\\").endswith(values[-1][0].rstrip("\\")):
+        return False
+    text = values[-1][0]
+    return sum(text.count(c) for c in "{[") == sum(text.count(c) for c in "}]")
+
+
+def _random_json(rng: random.Random, depth: int = 0) -> object:
+    kind = rng.choice(["str", "num", "obj", "arr"] if depth < 3 else ["str", "num"])
+    if kind == "str":
+        return "".join(rng.choice('ab {}[]",:\\ é') for _ in range(rng.randint(0, 8)))
+    if kind == "num":
+        return rng.randint(-50, 50)
+    if kind == "obj":
+        return {"".join(rng.choice('k{"}:,') for _ in range(rng.randint(1, 4))): _random_json(rng, depth + 1)
+                for _ in range(rng.randint(0, 3))}
+    return [_random_json(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+
+
+def test_the_scan_knows_an_open_value_from_a_key_and_a_value_with_brackets_of_its_own():
+    rng = random.Random(0)
+    for _ in range(300):
+        text = json.dumps(_random_json(rng), ensure_ascii=False, separators=rng.choice([(",", ":"), (", ", ": ")]))
+        scan = JsonScan()
+        for end, char in enumerate(text):
+            assert scan.value_open == _value_open(text[:end]), text[:end]
+            scan.feed(char.encode())
+    for prefix, open_ in [('{"a": "London', True), ('{"a', False), ('{"a": "x {y', False), ('{"a": "{y}', True),
+                          ('["x", "y', True), ('{"a": ["b', True), ('{"a": "q\\"', True), ('{"a": "x"', False)]:
+        scan = JsonScan()
+        scan.feed(prefix.encode())
+        assert scan.value_open is open_, prefix
+
+
+def test_the_quote_and_the_closing_brackets_of_a_vocabulary(vocab_of):
+    vocabulary = vocab_of("smollm2")
+    tokens = string_tokens(vocabulary)
+    assert string_tokens(vocabulary) is tokens  # built once
+    assert vocabulary.token_bytes[tokens.quote] == b'"'
+    closers = {vocabulary.token_bytes[t] for t in tokens.closers.tolist()}
+    assert {b" }", b"}", b"]", b" ]", b" },"} <= closers
+    assert not closers & {b'"', b'"}', b",", b" ,", b"{"}
+
+
+def test_the_move_puts_the_closers_probability_on_the_quote_and_nothing_where_the_quote_is_refused(vocab_of):
+    vocabulary = vocab_of("smollm2")
+    tokens = string_tokens(vocabulary)
+    compiled = compile(JsonSchema({"type": "object", "properties": {"a": {"type": "string", "minLength": 3}},
+                                   "required": ["a"]}), vocabulary)
+    masks = []
+    for text in ('{"a": "Lon', '{"a": "L'):  # the quote allowed; not yet (minLength)
+        state = compiled.new_state()
+        for token in vocabulary.encode(text):
+            state.advance(token)
+        mask = allocate_bitmask(compiled.vocab_size)
+        state.fill_mask(mask)
+        masks.append(mask)
+    logits = torch.randn(2, compiled.vocab_size, generator=torch.Generator().manual_seed(1))
+    apply_bitmask(logits, torch.stack(masks))
+    host = logits.clone().numpy()
+    before = torch.softmax(logits, -1)
+    moved = logits.clone()
+    move_to_quote(moved, [0, 1], tokens)
+    move_to_quote(host, [0, 1], tokens)
+    assert torch.allclose(torch.from_numpy(host), moved, atol=1e-5)  # the same on either path
+    after = torch.softmax(moved, -1)
+    closers = tokens.closers
+    assert after[0, tokens.quote] == pytest.approx(float(before[0, tokens.quote] + before[0, closers].sum()), rel=1e-4)
+    assert torch.all(after[0, closers] == 0)
+    assert torch.equal(moved[1], logits[1])  # the quote refused there: nothing moves, nothing is allowed
+    assert torch.equal(torch.isfinite(moved[0]) | (torch.isfinite(logits[0])), torch.isfinite(logits[0]))
+
+
+def test_a_step_moves_exactly_at_the_positions_inside_a_value(vocab_of):
+    vocabulary = vocab_of("smollm2")
+    session = SimpleNamespace(compiled=compile(JsonSchema({"type": "object"}), vocabulary),
+                              output=vocabulary.encode('{"city": "Lon'), json_scan=None)
+    proposed = vocabulary.encode('don", "x": "y')
+    rows = string_moves(session, proposed, start=10)
+    texts = [vocabulary.decode(session.output + proposed[:i]).decode() for i in range(len(proposed) + 1)]
+    assert rows == [10 + i for i, text in enumerate(texts) if _value_open(text)] and rows[0] == 10
+    assert session.json_scan.fed == len(session.output)  # the output is read once; the proposal is not kept
+    session.output = session.output + proposed[:2]  # two of them committed: read on from there
+    assert string_moves(session, proposed[2:], start=0) == [row - 12 for row in rows if row >= 12]
+    assert guarded(session)
+    assert not guarded(SimpleNamespace(compiled=compile(Regex("[a-z]+"), vocabulary)))
+
+
+class _Person(BaseModel):
+    name: str
+    age: int
+    city: str
+
+
+def test_a_city_the_model_leaves_open_is_ended_where_it_moves_on(smollm2, one_torch_thread):
+    prompt = "Ada Lovelace was 36 and lived in London. Extract the person."
+    bare = Generator(smollm2, draft=None, string_guard=False)
+    swallowed = bare.generate(prompt, schema=_Person, max_tokens=40)
+    assert '"London }' in swallowed.text and swallowed.finish_reason == "length"  # the failure, without the guard
+    ended = Generator(smollm2, draft=None).generate(prompt, schema=_Person, max_tokens=40)
+    assert ended.finish_reason == "stop" and ended.value.city == "London"
+    assert ended.text.endswith('"London" }')
+    fast = Generator(smollm2)  # prompt lookup: speculation under the guard chooses the same tokens
+    assert fast.generate(prompt, schema=_Person, max_tokens=40, method="speculative").text == ended.text
