@@ -128,8 +128,8 @@ class Generator:
     and speculative rows; CDLH and CDSL rows never write a block of tokens, or of words whatever
     their case and punctuation, a third time in a row; it never loosens a constraint).
     ``string_guard`` (default on): where a JSON schema's string value is open and the model moves on to
-    a closing bracket without its quote, the value ends there (``decoding.strings``; target and
-    speculative rows; it only moves probability between tokens the constraint allows).
+    a closing bracket without its quote, the value ends there (``decoding.strings``; target,
+    speculative, CDLH and CDSL rows; it only moves probability between tokens the constraint allows).
     ``torch_compile``: the batched target forward's decoder layers run through graphs compiled ahead of
     time (``models.saved_graphs``). The Generator returns once the model is loaded (and ~2 s of
     ``background_compile.prepare_loading``) and answers eagerly; a second
@@ -533,6 +533,7 @@ class Generator:
     def _strategy(self, call: Call) -> Any:
         guard = self._word_guard() if self.loop_guard else None
         steering = {} if call.keywords is None else {"optimism": call.keywords.optimism}
+        steering["string_guard"] = self.string_guard
         if call.method is Method.CDLH:
             return CDLH(call.reward, loop_guard=guard, reward_guard=True, **steering)
         if call.method is Method.CDSL:

@@ -48,6 +48,7 @@ from .loops import SENTENCE_GUARD, LoopGuard
 from .mask_fill import draft_with_mask
 from .sampling import allowed_top, any_allowed, choose, distribution, masked_logits
 from .strategy import MAIN, Passes, StepProgram
+from .strings import guard_strings
 
 CDSL_STATES = ("accept", "reject_acceptance", "reject_reward", "reject_both")
 
@@ -73,6 +74,9 @@ class CDLH:
     """Candidates and roll-outs that would write a block of tokens a third time in a row are
     pushed below every other allowed token (``decoding.loops``); None: off."""
     reward_guard: bool = False
+    string_guard: bool = False
+    """A JSON schema's string value the target leaves open for a closing bracket ends there, in the
+    candidates and their roll-outs (``decoding.strings``)."""
     """The candidates and their roll-outs leave out spent words and tokens that lose the reward for
     good (``decoding.guards``) where anything else is allowed. Off by default: CDLH as the paper
     has it, the baseline CDSL is measured against; ``Generator`` turns it on for its keyword
@@ -101,19 +105,22 @@ class CDLH:
         state = session.state
         if logits is None:
             if closing(session):
-                return (yield from closing_step(session, self._guard))
+                return (yield from closing_step(session, self._guard, self.string_guard))
             logits = (yield Passes.target(Feed(MAIN, session.sequence)))[0][-1]
         masked = apply_bitmask(logits.clone(), session.current_mask())
         if self.loop_guard is not None and not guarded:
             session.stats.loop_guarded += self.loop_guard.guard(masked[None], session.output)
         if self._guard is not None:
             self._guard.guard(session, session.answer_of(session.output), masked)
+        if self.string_guard:
+            guard_strings(session, [], masked, last_only=True)
         logp = torch.log_softmax(masked, dim=-1)
         values, indices = allowed_top(logp, self.k)
         if not len(indices):
             return []
         candidates = [int(t) for t in indices]
-        rollouts, ended = yield from greedy_rollouts(session, candidates, self.d, self.loop_guard, self._guard)
+        rollouts, ended = yield from greedy_rollouts(session, candidates, self.d, self.loop_guard, self._guard,
+                                                     self.string_guard)
         best, best_score = candidates[0], -float("inf")
         for candidate, lp, rollout, end in zip(candidates, values.tolist(), rollouts, ended, strict=True):
             tokens = session.output + [candidate] + rollout
@@ -126,14 +133,14 @@ class CDLH:
 
 
 def greedy_rollouts(session: Session, candidates: list[int], d: int, loop_guard: LoopGuard | None = None,
-                    guard: RewardGuard | None = None) -> StepProgram:
+                    guard: RewardGuard | None = None, string_guard: bool = False) -> StepProgram:
     """Greedy masked ``d``-token continuations by the target of every candidate next token after
     the session's sequence, and whether each ends the output: a program of ``d`` target passes,
     each roll-out a branch of the sequence's cache (local key ``("rollout", i)``); a roll-out that
     ends or meets a dead end is fed no further. ``loop_guard`` keeps each roll-out out of cycles
     as the committed output is kept; ``guard``, off what the reward counts against it, as the
     candidates are (so a candidate is not judged by a roll-out that loses the reward where another
-    token would not)."""
+    token would not); ``string_guard``, with strings ended as the candidates' are."""
     if d == 0:
         return [[] for _ in candidates], [output_ended(session, c) for c in candidates]
     states = []
@@ -157,6 +164,8 @@ def greedy_rollouts(session: Session, candidates: list[int], d: int, loop_guard:
                 loop_guard.guard(choice[None], session.output + [candidates[i]] + rollouts[i])
             if guard is not None:
                 guard.guard(session, session.answer_of(session.output + [candidates[i]] + rollouts[i]), choice)
+            if string_guard:
+                guard_strings(session, [candidates[i], *rollouts[i]], choice, last_only=True)
             if not any_allowed(choice):
                 states[i].finished = True  # a dead end: the roll-out ends here
                 continue
@@ -212,7 +221,8 @@ class GuidedDraft:
     writes no token that loses the reward for good (``decoding.guards``), as CDSL's target does not
     either: the lookahead could not win that reward back. ``loop_guard``
     keeps the draft from writing a block a third time in a row, as the target's guard would refuse
-    it (``decoding.loops``).
+    it (``decoding.loops``); ``string_guard`` ends a JSON string value the draft leaves open for a
+    closing bracket, as the target's would (``decoding.strings``).
     """
 
     name = "guided-draft"
@@ -220,7 +230,7 @@ class GuidedDraft:
     def __init__(self, draft: ModelRunner | Any, reward: Reward | Any, k: int = 5, lam: float = 20.0,
                  optimism: float = 0.5, suggest: bool = True, stop_below: float = 0.5,
                  avoid_spent: bool = True, loop_guard: LoopGuard | None = SENTENCE_GUARD,
-                 avoid_lost: bool = True) -> None:
+                 avoid_lost: bool = True, string_guard: bool = False) -> None:
         _check_unit("optimism", optimism)
         _check_unit("stop_below", stop_below)
         if k < 1:
@@ -233,7 +243,7 @@ class GuidedDraft:
         self._words = SuggestedWords(self.reward)
         self._guard = RewardGuard(self.reward, spent=avoid_spent, lost=avoid_lost) \
             if avoid_spent or avoid_lost else None
-        self.loop_guard = loop_guard
+        self.loop_guard, self.string_guard = loop_guard, string_guard
 
     def steps(self, session: Session, proposal: Proposal, budget: int) -> Generator[Passes, list[torch.Tensor], None]:
         """Extend ``proposal`` by up to ``budget`` tokens (advancing the state): a program of one
@@ -249,6 +259,8 @@ class GuidedDraft:
                 self.loop_guard.guard(choice[None], prefix)
             if self._guard is not None:
                 choice = self._guard.guard(session, session.answer_of(prefix), choice)
+            if self.string_guard:
+                guard_strings(session, proposal.tokens, choice, last_only=True)
             logp = torch.log_softmax(choice, dim=-1)
             _, indices = allowed_top(logp, self.k)
             if not len(indices):
@@ -341,6 +353,9 @@ class CDSL:
     optimism: float = 0.5
     """The ``optimism`` of the ``GuidedDraft`` and the CDLH fallback CDSL builds (``CDLH.optimism``): lower
     credits an unfinished text less for the reward it may still earn, so the reward is sought sooner."""
+    string_guard: bool = False
+    """A JSON schema's string value the target (and the draft and fallback CDSL builds) leaves open for a
+    closing bracket ends there (``decoding.strings``)."""
     states: Counter = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
@@ -360,10 +375,10 @@ class CDSL:
             self.reward_on = "ending" if self.reward.earned_by_end else "text"
         if isinstance(self.draft, (ModelRunner, torch.nn.Module)):
             self.draft = GuidedDraft(self.draft, self.reward, optimism=self.optimism, loop_guard=self.loop_guard,
-                                     avoid_lost=self.avoid_lost)
+                                     avoid_lost=self.avoid_lost, string_guard=self.string_guard)
         if self.cdlh is None:
             self.cdlh = CDLH(self.reward, optimism=self.optimism, loop_guard=self.loop_guard,
-                             reward_guard=self.avoid_lost)
+                             reward_guard=self.avoid_lost, string_guard=self.string_guard)
         self._forced: Proposer = forced_proposer()
         self._guard = RewardGuard(self.reward, spent=self.avoid_spent, lost=self.avoid_lost) \
             if self.avoid_spent or self.avoid_lost else None
@@ -377,7 +392,7 @@ class CDSL:
         """One CDSL step: the lookahead (draft passes), one target pass verifying it, and the
         commit of its state (a fallback CDLH step adds its roll-out passes)."""
         if closing(session):
-            return (yield from closing_step(session, self._guard))
+            return (yield from closing_step(session, self._guard, self.string_guard))
         proposal = Proposal()
         room = session.max_tokens - len(session.output) - 1
         if room > 0:
@@ -399,6 +414,8 @@ class CDSL:
         if self._guard is not None:
             for i in range(drafted + 1):
                 self._guard.guard(session, session.answer_of(session.output + tokens[:i]), masked[i])
+        if self.string_guard:  # last: among what the guards leave, the quote where it is still allowed
+            guard_strings(session, tokens, masked)
         ends = state_ended(session.state, session.compiled)
         accepted, extra = verify(session, proposal, masked)
         agrees = [True] * accepted + [False] + self._judge(session, proposal, masked, start=accepted + 1)

@@ -27,7 +27,7 @@ from ..result import DecodeStats, Result, parse_value
 from .budget import BudgetCloser
 from .sampling import SamplingParams, any_allowed, choose, distribution, draw_tokens, speculative_verdict
 from .strategy import MAIN, Passes, StepProgram
-from .strings import StringTokens, move_to_quote
+from .strings import StringTokens, guard_strings, move_to_quote
 
 if TYPE_CHECKING:
     from .guards import RewardGuard
@@ -188,11 +188,12 @@ def closing(session: Session) -> bool:
     return session.budget is not None and session.budget.watching(session)
 
 
-def closing_step(session: Session, guard: RewardGuard | None = None) -> StepProgram:
+def closing_step(session: Session, guard: RewardGuard | None = None, string_guard: bool = False) -> StepProgram:
     """A plain target step under the budget closer, as a target row near its end takes: the tokens
     the constraint forces, one target pass, and the model's token among those the closer allows (no
     reward: the ending's shape is the budget's). ``guard``: of those, the ones the reward counts
-    against the text are left out where another is allowed (``decoding.guards``)."""
+    against the text are left out where another is allowed (``decoding.guards``); ``string_guard``:
+    a JSON string value left open for a closing bracket ends there (``decoding.strings``)."""
     proposal = propose(session, [forced_proposer()], 0, session.max_tokens)
     tokens = proposal.tokens
     logits = (yield Passes.target(Feed(MAIN, session.sequence + tokens, len(tokens) + 1)))[0]
@@ -200,6 +201,8 @@ def closing_step(session: Session, guard: RewardGuard | None = None) -> StepProg
     masked = mask_positions(logits, proposal.masks)
     if guard is not None:
         guard.guard(session, session.answer_of(session.output + tokens), masked[-1])
+    if string_guard:
+        guard_strings(session, tokens, masked)
     return commit(session, proposal, masked)
 
 

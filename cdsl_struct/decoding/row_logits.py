@@ -16,8 +16,9 @@ def adjust_logits(rows: Sequence[tuple[Any, Any, int]], spans: Sequence[tuple[in
                   logits: torch.Tensor) -> tuple[list[int], StringTokens] | None:
     """Apply each row's penalties and loop bans to its positions of ``logits`` (``spans``: each row's
     ``[start, end)``), in place; return the string guard's moves for after the masks (the positions,
-    and the vocabulary's tokens), or None. A closing row's positions are left alone: its mask allows
-    one token, which nothing may ban or move."""
+    and the vocabulary's tokens), or None. A closing row is not loop-guarded: its mask may allow one
+    token, which nothing may ban. Its string may still end: the guard only weighs the tokens a mask
+    allows, and moves nothing where the quote is not one of them."""
     bans: list[tuple[int, int]] = []
     moves: list[int] = []
     tokens: StringTokens | None = None
@@ -25,9 +26,7 @@ def adjust_logits(rows: Sequence[tuple[Any, Any, int]], spans: Sequence[tuple[in
         request, session = row.request, row.session
         if request.penalties is not None and request.penalties.active:
             request.penalties.apply(logits[start:end], session.output, proposal.tokens)
-        if proposal.closing:
-            continue
-        if request.loop_guard:
+        if request.loop_guard and not proposal.closing:
             row_bans = loop_bans(session.output, proposal.tokens, end - start)
             session.stats.loop_guarded += len(row_bans)
             bans += [(start + i, token) for i, token in row_bans]

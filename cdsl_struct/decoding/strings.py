@@ -175,3 +175,16 @@ def move_to_quote(logits: torch.Tensor | np.ndarray, rows: Sequence[int], tokens
     closers = logits[at[:, None], closers_index]
     logits[at, tokens.quote] = torch.where(allowed, torch.logaddexp(quote, torch.logsumexp(closers, dim=1)), quote)
     logits[at[:, None], closers_index] = torch.where(allowed[:, None], float("-inf"), closers)
+
+
+def guard_strings(session: Any, tokens: Sequence[int], masked: torch.Tensor, last_only: bool = False) -> None:
+    """The string guard on a step program's masked logits, in place: ``masked`` holds the positions after
+    ``session.output`` and each of ``tokens`` (``last_only``: one row, the position after all of them).
+    Nothing where the session's answer is not a ``JsonSchema``'s."""
+    if not guarded(session):
+        return
+    tokens_of = string_tokens(session.compiled.vocabulary)
+    rows = string_moves(session, tokens, 0) if tokens_of is not None else []
+    if last_only:
+        rows = [0] if rows and rows[-1] == len(tokens) else []
+    move_to_quote(masked.view(-1, masked.shape[-1]), rows, tokens_of)

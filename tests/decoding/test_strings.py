@@ -11,7 +11,15 @@ from pydantic import BaseModel
 from cdsl_struct.api import Generator
 from cdsl_struct.constraints import JsonSchema, Regex, compile
 from cdsl_struct.constraints.mask import allocate_bitmask, apply_bitmask
-from cdsl_struct.decoding.strings import JsonScan, guarded, move_to_quote, string_moves, string_tokens
+from cdsl_struct.decoding.strings import (
+    JsonScan,
+    guard_strings,
+    guarded,
+    move_to_quote,
+    string_moves,
+    string_tokens,
+)
+from cdsl_struct.options import Method
 from cdsl_struct.rewards.keywords import json_string_values
 
 
@@ -121,3 +129,31 @@ def test_a_city_the_model_leaves_open_is_ended_where_it_moves_on(smollm2, one_to
     assert ended.text.endswith('"London" }')
     fast = Generator(smollm2)  # prompt lookup: speculation under the guard chooses the same tokens
     assert fast.generate(prompt, schema=_Person, max_tokens=40, method="speculative").text == ended.text
+
+
+def test_program_rows_are_guarded_too_and_the_generator_says_whether(smollm2, one_torch_thread):
+    from cdsl_struct.decoding.lookahead import CDSL
+
+    built = CDSL(torch.nn.Linear(1, 1), lambda text, final: 1.0, string_guard=True)
+    assert built.draft.string_guard and built.cdlh.string_guard  # the draft and fallback it builds
+    prompt = "Ada Lovelace was 36 and lived in London. Extract the person."
+    generator = Generator(smollm2)
+    for method in ("cdlh", "cdsl"):  # a flat reward: the target's own choices, as a plain row's
+        result = generator.generate(prompt, schema=_Person, method=method, reward=lambda text, final: 1.0,
+                                    max_tokens=30)
+        assert result.finish_reason == "stop" and result.value.city == "London", (method, result.text)
+    assert Generator(smollm2, draft=None, string_guard=False)._strategy(
+        SimpleNamespace(method=Method.CDLH, reward=lambda text, final: 1.0, keywords=None)).string_guard is False
+
+
+def test_guarding_one_position_of_a_program(vocab_of):
+    vocabulary = vocab_of("smollm2")
+    tokens = string_tokens(vocabulary)
+    session = SimpleNamespace(compiled=compile(JsonSchema({"type": "object"}), vocabulary),
+                              output=vocabulary.encode('{"city": "Lon'), json_scan=None)
+    row = torch.zeros(vocabulary.vocab_size if hasattr(vocabulary, "vocab_size") else len(vocabulary.token_bytes))
+    guard_strings(session, vocabulary.encode("don"), row, last_only=True)  # inside the value: moved
+    assert row[tokens.closers].eq(-float("inf")).all() and row[tokens.quote] > 0
+    row = torch.zeros_like(row)
+    guard_strings(session, vocabulary.encode('don", "x": 1'), row, last_only=True)  # outside it: untouched
+    assert row.eq(0).all()
