@@ -26,7 +26,7 @@ from cdsl_struct.rewards.keywords import json_string_values
 def _value_open(prefix: str) -> bool:
     """The reference: the text ends inside a string value (not a key) whose brackets balance."""
     values = json_string_values(prefix)
-    if not values or values[-1][1] or not prefix.rstrip("\\").endswith(values[-1][0].rstrip("\\")):
+    if not values or values[-1][1]:  # an unclosed value can only be the one the text ends in
         return False
     text = values[-1][0]
     return sum(text.count(c) for c in "{[") == sum(text.count(c) for c in "}]")
@@ -151,7 +151,7 @@ def test_guarding_one_position_of_a_program(vocab_of):
     tokens = string_tokens(vocabulary)
     session = SimpleNamespace(compiled=compile(JsonSchema({"type": "object"}), vocabulary),
                               output=vocabulary.encode('{"city": "Lon'), json_scan=None)
-    row = torch.zeros(vocabulary.vocab_size if hasattr(vocabulary, "vocab_size") else len(vocabulary.token_bytes))
+    row = torch.zeros(session.compiled.vocab_size)
     guard_strings(session, vocabulary.encode("don"), row, last_only=True)  # inside the value: moved
     assert row[tokens.closers].eq(-float("inf")).all() and row[tokens.quote] > 0
     row = torch.zeros_like(row)
