@@ -51,6 +51,7 @@ python3 -c "import httpx; print(httpx.get('http://127.0.0.1:8011/metrics').text)
 kill "$server"; wait "$server" 2>/dev/null
 fi
 step tests 120 python3 -m pytest -q -p no:cacheprovider tests/models/test_compat.py \
+  tests/decoding/test_strings.py::test_the_move_on_a_gpu_equals_the_cpus_and_never_waits_for_it \
   tests/models/test_device.py tests/decoding/test_host_reads.py
 # what a structural tag and the budget check cost per token at 16 rows, beside plain JSON (issues 39, 40)
 step feature 240 $LAB feature-cost --device cuda --rounds 4 --rows 16 --requests 48 --max-tokens 96 \

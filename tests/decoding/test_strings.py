@@ -157,3 +157,19 @@ def test_guarding_one_position_of_a_program(vocab_of):
     row = torch.zeros_like(row)
     guard_strings(session, vocabulary.encode('don", "x": 1'), row, last_only=True)  # outside it: untouched
     assert row.eq(0).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (benchmarks/gpu_check.sh runs it)")
+def test_the_move_on_a_gpu_equals_the_cpus_and_never_waits_for_it(vocab_of):
+    tokens = string_tokens(vocab_of("smollm2"))
+    logits = torch.randn(6, 49152, generator=torch.Generator().manual_seed(2))
+    logits[3, tokens.quote] = -float("inf")  # a row whose quote the mask refused
+    on_host = logits.clone()
+    move_to_quote(on_host, [0, 3, 5], tokens)
+    on_card = logits.cuda()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        move_to_quote(on_card, [0, 3, 5], tokens)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.allclose(on_card.cpu(), on_host, atol=1e-5) and torch.equal(on_card[3].cpu(), logits[3])
