@@ -20,7 +20,9 @@ schemas vLLM's own backends refuse work), with the model's tokenizer, and decode
 since the last step and writes the allowed next tokens into one preallocated bitmask for the
 batch, applied to the logits in one operation; before the mask, the loop guard of this
 library's engine (``decoding.loops``, ``cdsl_loop_guard``, on by default) penalises the token
-that would start a repeating block once more. A request without ``cdsl_*`` arguments is left
+that would start a repeating block once more, and after it the string guard (``decoding.strings``,
+``cdsl_string_guard``, on by default) ends a schema's string value the model leaves open for a
+closing bracket. A request without ``cdsl_*`` arguments is left
 alone. A bad constraint is refused at admission (``validate_params``: HTTP 400) when the
 processor knows the tokenizer there — always with the launcher below, or when
 ``CDSL_VLLM_TOKENIZER`` names it; otherwise only its spec is checked at admission.
@@ -67,6 +69,7 @@ from ..constraints import compile as compile_constraint
 from ..constraints.compiler import DEFAULT_TIMEOUT_S
 from ..constraints.mask import allocate_bitmask, apply_bitmask, clear_bitmask, set_bit
 from ..decoding.loops import PENALTY, loop_continuation
+from ..decoding.strings import guarded, move_to_quote, string_moves, string_tokens
 from ..errors import CdslError, CompileTimeout, InvalidArgument, OutputInvalid
 from ..options import one_constraint
 
@@ -90,6 +93,9 @@ EXTRA_PROPERTIES_KEY = "cdsl_extra_properties"
 keys their ``properties`` declare; 1 compiles the schema exactly as given."""
 GUARD_KEY = "cdsl_loop_guard"
 """1 (the default, as in this library's engine) or 0: steer a row out of a repeating cycle."""
+STRING_GUARD_KEY = "cdsl_string_guard"
+"""1 (the default, as in this library's engine) or 0: end a JSON schema's string value where the model
+moves on to a closing bracket without its quote (``decoding.strings``)."""
 TOKENIZER_ENV = "CDSL_VLLM_TOKENIZER"
 PROCESSOR_PATH = "cdsl_struct.integrations.vllm:CdslLogitsProcessor"
 COMPILE_WORKERS = 4
@@ -103,13 +109,15 @@ compile has ``DEFAULT_TIMEOUT_S`` of its own; the rest is room for a queue of co
 def constraint_args(*, schema: Any = None, regex: str | None = None, grammar: str | None = None,
                     choices: Sequence[str] | None = None, whitespace: str | None = None,
                     backend: str | None = None, loop_guard: bool | None = None,
-                    extra_properties: bool | None = None) -> dict[str, Any]:
+                    extra_properties: bool | None = None, string_guard: bool | None = None) -> dict[str, Any]:
     """The ``extra_args`` (``vllm_xargs``) entries that carry one constraint to the processor.
 
     ``schema``: a JSON Schema dict or text, or a pydantic model (sent as its JSON Schema text,
     since ``vllm_xargs`` holds strings, numbers and lists only); ``grammar``: Lark text.
     ``whitespace`` / ``backend`` as ``cdsl_struct.compile``'s. ``loop_guard``: False lets an output
-    that repeats one block of tokens run on (on by default, as ``Generator(loop_guard=...)``).
+    that repeats one block of tokens run on (on by default, as ``Generator(loop_guard=...)``);
+    ``string_guard``: False lets a schema's string value the model leaves open swallow the closing
+    bracket it writes instead (on by default, as ``Generator(string_guard=...)``).
     ``extra_properties``: True compiles a JSON Schema as given, with no closing of its objects
     (``compile(extra_properties=...)``).
     """
@@ -131,6 +139,8 @@ def constraint_args(*, schema: Any = None, regex: str | None = None, grammar: st
         args["cdsl_backend"] = backend
     if loop_guard is not None:
         args[GUARD_KEY] = int(bool(loop_guard))
+    if string_guard is not None:
+        args[STRING_GUARD_KEY] = int(bool(string_guard))
     if extra_properties is not None:
         args[EXTRA_PROPERTIES_KEY] = int(bool(extra_properties))
     return args
@@ -141,11 +151,11 @@ def spec_from_args(extra_args: Mapping[str, Any] | None) -> tuple[Any, dict[str,
     Raises ``ValueError`` (typed ``CompileError`` subclasses included) for a bad one."""
     if not extra_args:
         return None
-    known = ARG_KEYS + OPTION_KEYS + (GUARD_KEY, EXTRA_PROPERTIES_KEY)
+    known = ARG_KEYS + OPTION_KEYS + (GUARD_KEY, STRING_GUARD_KEY, EXTRA_PROPERTIES_KEY)
     unknown = sorted(k for k in extra_args if k.startswith(PREFIX) and k not in known)
     if unknown:
         raise ValueError(f"unknown constraint argument {unknown[0]!r}; known: {', '.join(known)}")
-    for key, default in ((GUARD_KEY, 1), (EXTRA_PROPERTIES_KEY, 0)):
+    for key, default in ((GUARD_KEY, 1), (STRING_GUARD_KEY, 1), (EXTRA_PROPERTIES_KEY, 0)):
         if extra_args.get(key, default) not in (0, 1):
             raise ValueError(f"{key} must be 0 or 1, got {extra_args[key]!r}")
     chosen = one_constraint({key: extra_args.get(key) for key in ARG_KEYS})
@@ -209,9 +219,11 @@ class _Row:
     output tokens vLLM appends to, and whether the loop guard watches them."""
 
     def __init__(self, output: list[int], guard: bool = True, *,
-                 pending: Future[CompiledConstraint | None] | None = None) -> None:
+                 pending: Future[CompiledConstraint | None] | None = None, strings: bool = True) -> None:
         self.output = output
-        self.guard = guard
+        self.guard, self.strings = guard, strings
+        self.compiled: CompiledConstraint | None = None
+        self.json_scan: Any = None  # the string guard's scan of ``output`` (``decoding.strings``)
         self.pending = pending  # the compile, until its result is taken
         self.deadline = time.monotonic() + WAIT_LIMIT_S
         self.state: ConstraintState | None = None
@@ -241,7 +253,7 @@ class _Row:
         if compiled is None:  # unreachable: a row is only made for a request that names a constraint
             self.fail(RuntimeError("the request carries no constraint"))
             return
-        self.state = compiled.new_state()
+        self.compiled, self.state = compiled, compiled.new_state()
 
     def catch_up(self) -> None:
         """Advance the state by the tokens sampled since the last step; a token the constraint
@@ -344,7 +356,7 @@ class CdslLogitsProcessor(LogitsProcessor):
         extra = dict(extra_args or {})
         if not any(str(key).startswith(PREFIX) for key in extra):
             return None
-        guard = bool(extra.get(GUARD_KEY, 1))
+        guard, strings = bool(extra.get(GUARD_KEY, 1)), bool(extra.get(STRING_GUARD_KEY, 1))
         if all(extra.get(key) is None for key in ARG_KEYS):  # options alone: checked here, nothing to compile
             try:
                 spec_from_args(extra)
@@ -353,12 +365,14 @@ class CdslLogitsProcessor(LogitsProcessor):
                 row.fail(exc)
                 return row
             return None
-        return _Row(output, guard, pending=_compile_pool().submit(compile_request, extra, self.tokenizer))
+        return _Row(output, guard, pending=_compile_pool().submit(compile_request, extra, self.tokenizer),
+                    strings=strings)
 
     def apply(self, logits: Any) -> Any:
         """Mask the constrained rows' logits (one bitmask fill per row, one masked write), after
         the loop guard's penalty on a row's cycle continuation (``decoding.loops``: before the
-        mask, so a token the constraint forces still wins). Rows whose constraint is ready are
+        mask, so a token the constraint forces still wins) and before the string guard's move
+        (``decoding.strings``: among the tokens the mask allows). Rows whose constraint is ready are
         filled first; a row whose constraint is still compiling is waited for last."""
         if not self.rows:
             return logits
@@ -372,8 +386,18 @@ class CdslLogitsProcessor(LogitsProcessor):
             self._fill(self.rows[index], self.bitmask[slot], logits, index)
         rows = logits[indices]
         apply_bitmask(rows, self.bitmask[:len(indices)])
+        open_strings = [slot for slot, index in enumerate(indices) if self._string_open(self.rows[index])]
+        if open_strings:
+            move_to_quote(rows, open_strings, string_tokens(self.vocabulary))
         logits[indices] = rows
         return logits
+
+    @staticmethod
+    def _string_open(row: _Row) -> bool:
+        """Whether the string guard moves ``row``'s logits: a schema's answer with a string value open."""
+        if not row.strings or row.error is not None or row.compiled is None or not guarded(row):
+            return False
+        return bool(string_moves(row, [], 0))
 
     def _fill(self, row: _Row, mask: Any, logits: Any, index: int) -> None:
         """One row's mask (EOS alone for a failed row) and loop-guard penalty."""

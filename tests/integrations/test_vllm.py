@@ -98,6 +98,15 @@ def test_regex_choices_and_grammar(llm):
     assert finish == "stop" and re.fullmatch(r"[0-9]{1,3}\+[0-9]{1,3}", sum_text)
 
 
+def test_a_string_the_model_leaves_open_ends_where_it_moves_on(llm):
+    """The string guard inside vLLM: SmolLM2 leaves "London" open for the object's `` }``."""
+    prompt = ["Ada Lovelace was 36 and lived in London. Extract the person."]
+    (guarded, _), = chat(llm, prompt, greedy(40, schema=PERSON))
+    (open_, _), = chat(llm, prompt, greedy(40, schema=PERSON, string_guard=False))
+    assert json.loads(guarded)["city"] == "London", guarded
+    assert '"London }' in open_  # without it, the value swallows the rest
+
+
 def test_a_schema_vllm_refuses_decodes_under_ours(llm):
     with pytest.raises(Exception, match="uniqueItems"):
         llm.chat([[{"role": "user", "content": "Pick colours as JSON."}]],

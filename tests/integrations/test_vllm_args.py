@@ -89,6 +89,30 @@ def test_the_processor_steers_a_row_out_of_a_cycle_unless_asked_not_to(guard):
     assert (chosen == b) if guard else (chosen == a)
 
 
+@pytest.mark.parametrize("strings", [True, False])
+def test_the_processor_ends_a_string_the_model_leaves_open_unless_asked_not_to(strings):
+    """As in this library's engine: after ``"city": "London`` the model's `` }`` goes to the quote."""
+    import torch
+
+    from cdsl_struct.constraints.mask import allocate_bitmask
+    from cdsl_struct.integrations.vllm import CdslLogitsProcessor, vocabulary_for
+
+    processor = CdslLogitsProcessor.__new__(CdslLogitsProcessor)
+    processor.tokenizer, processor.vocabulary = "smollm2", vocabulary_for("smollm2")
+    processor.rows, processor.bitmask = {}, allocate_bitmask(processor.vocabulary.size, 2)
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    output = processor.vocabulary.encode('{"city": "London')
+    processor.rows[0] = processor._new_row(constraint_args(schema=schema, string_guard=strings), output)
+    brace, quote = (list(processor.vocabulary.token_bytes).index(piece) for piece in (b" }", b'"'))
+    logits = torch.zeros(1, processor.vocabulary.size)
+    logits[0, brace], logits[0, quote] = 5.0, 2.0
+    chosen = int(processor.apply(logits)[0].argmax())
+    assert chosen == (quote if strings else brace)
+    assert constraint_args(regex="a+", string_guard=False) == {"cdsl_regex": "a+", "cdsl_string_guard": 0}
+    with pytest.raises(ValueError, match="cdsl_string_guard must be 0 or 1"):
+        spec_from_args({"cdsl_regex": "a+", "cdsl_string_guard": 3})
+
+
 def test_check_output_passes_what_the_constraint_allows_and_raises_for_the_rest():
     """The caller's check of an output (here as an OpenAI-server choice carries it, with
     ``return_token_ids``): a row the processor had to end is an error, never a valid finish."""
