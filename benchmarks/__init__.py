@@ -27,6 +27,9 @@ HARNESSES: dict[str, tuple[str, str]] = {
     "steps": ("benchmarks.step_cost", "what one forward pass costs: single-row variants, rows x positions grid"),
     "tools": ("benchmarks.tool_calls",
               "tool calls with client-style schemas: objects closed (default) vs decoded as given"),
+    "tool-args": ("benchmarks.tool_args",
+                  "tool calls from everyday requests: arguments right, cut, or swallowing the call's syntax; "
+                  "the string guard on and off"),
     "profile": ("benchmarks.serve_profile", "torch.profiler table of a serve-bench case run in-process"),
     "soak": ("benchmarks.soak", "many clients for many minutes mixing well-formed, hostile and disconnecting "
                                 "requests: exactly-once answers, no 5xx, flat memory"),

@@ -27,7 +27,7 @@ from ..result import DecodeStats, Result, parse_value
 from .budget import BudgetCloser
 from .sampling import SamplingParams, any_allowed, choose, distribution, draw_tokens, speculative_verdict
 from .strategy import MAIN, Passes, StepProgram
-from .strings import StringTokens, guard_strings, move_to_quote
+from .strings import StringMoves, StringTokens, guard_strings, move_to_quote
 
 if TYPE_CHECKING:
     from .guards import RewardGuard
@@ -274,7 +274,7 @@ BeforeRead = Callable[[torch.Tensor, torch.Tensor | None], None]
 def mask_and_choose(logits: torch.Tensor, masks: torch.Tensor,
                     draws: Sequence[tuple[int, SamplingParams, torch.Generator]] = (),
                     verdicts: Sequence[VerdictRequest] = (), before_read: BeforeRead | None = None,
-                    moves: tuple[Sequence[int], StringTokens] | None = None
+                    moves: tuple[StringMoves, StringTokens] | None = None
                     ) -> tuple[list[int], list[int], list[tuple[int, int]]]:
     """Mask ``logits`` in place by ``masks`` (one packed row per row of logits), choose greedily in
     every row (``greedy_choices``), draw a token for each of ``draws`` (``(row, params, generator)``:

@@ -9,18 +9,18 @@ from typing import Any
 import torch
 
 from .loops import loop_bans, penalise
-from .strings import StringTokens, guarded, string_moves, string_tokens
+from .strings import StringMoves, StringTokens, guarded, string_moves, string_tokens
 
 
 def adjust_logits(rows: Sequence[tuple[Any, Any, int]], spans: Sequence[tuple[int, int]],
-                  logits: torch.Tensor) -> tuple[list[int], StringTokens] | None:
+                  logits: torch.Tensor) -> tuple[StringMoves, StringTokens] | None:
     """Apply each row's penalties and loop bans to its positions of ``logits`` (``spans``: each row's
     ``[start, end)``), in place; return the string guard's moves for after the masks (the positions,
     and the vocabulary's tokens), or None. A closing row is not loop-guarded: its mask may allow one
     token, which nothing may ban. Its string may still end: the guard only weighs the tokens a mask
     allows, and moves nothing where the quote is not one of them."""
     bans: list[tuple[int, int]] = []
-    moves: list[int] = []
+    moves = StringMoves()
     tokens: StringTokens | None = None
     for (row, proposal, _), (start, end) in zip(rows, spans, strict=True):
         request, session = row.request, row.session

@@ -7,21 +7,30 @@ follows it. After ``"city": "London`` SmolLM2-135M gives `` }`` 0.73 and ``"`` 0
 record without being told to answer in JSON ("... Extract the person."), about a quarter of the
 person records of the extraction families went so (BENCHMARKS.md, "the string guard").
 
-Where a JSON string value is open (not an object's key), its own brackets are balanced (``"{name}"``
+Where a JSON string value is open (not an object's key), none of its own brackets is open (``"{name}"``
 and ``"[1]"`` keep theirs), and the constraint allows its closing quote there, the guard moves the
 probability of every allowed token that opens with a closing bracket, after any whitespace, onto the
 quote: the quote's logit becomes the log of the sum of their exponentials, theirs ``-inf``. The value
-ends, and the model writes its bracket next. Only the balance between tokens the constraint allows
+ends, and the model writes its bracket next. Where a string may open, a token that opens one with a
+closing bracket (``"]``, ``"},``: after ``["a", "a", "a", `` the loop guard stops a fourth ``"a"`` and
+SmolLM2 writes ``"] }}``, meaning to end the array) moves onto the quote alone, so the string it opens
+ends before the bracket. Only the balance between tokens the constraint allows
 changes, so no constraint is loosened, and the move is a function of the text before a position:
 target-only and speculative decoding choose the same tokens under it.
 
+Tool calls are guarded too: their arguments are JSON inside the call format (``tools.formats``),
+and a small model leaves a string argument open the same way, or writes the call's closing marker
+into it (``"subject": "Hi,</tool_call>x.com"``: SmolLM2 learned hermes's ``</tool_call>``). There,
+tokens that open with ``</`` move onto the quote as well, in a string that holds no ``<`` of its own.
+
 ``JsonScan`` follows a JSON text byte by byte (the answer of a ``JsonSchema`` request, no reasoning
-before it); ``string_moves`` finds a step's positions to move; ``move_to_quote`` moves them, after
-the masks, in a few ops over all of them.
+before it), ``CallScan`` the JSON inside a tool request's output; ``string_moves`` finds a step's
+positions to move; ``move_to_quote`` moves them, after the masks, in a few ops over all of them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,8 +41,9 @@ import torch
 
 from ..constraints import JsonSchema
 from ..constraints.vocabulary import TokenVocabulary
+from ..tools.grammar import ToolCallsGrammar
 
-_QUOTE, _BACKSLASH, _COLON, _COMMA = b'"'[0], b"\\"[0], b":"[0], b","[0]
+_QUOTE, _BACKSLASH, _COLON, _COMMA, _ANGLE = b'"'[0], b"\\"[0], b":"[0], b","[0], b"<"[0]
 _OPENING, _CLOSING = frozenset(b"{["), frozenset(b"}]")
 _OBJECT = b"{"[0]
 
@@ -50,6 +60,10 @@ class JsonScan:
     inner: int = 0
     key_next: bool = False
     fed: int = 0
+    markup: bool = False
+    """The open string holds a ``<``: a ``</`` in it may close a tag of its own."""
+    calls = False
+    """Whether this scan reads a tool request's output (``CallScan``)."""
 
     def feed(self, data: bytes) -> None:
         """Follow ``data``, the next bytes of the text."""
@@ -65,8 +79,10 @@ class JsonScan:
                     self.inner += 1
                 elif byte in _CLOSING:
                     self.inner -= 1
+                elif byte == _ANGLE:
+                    self.markup = True
             elif byte == _QUOTE:
-                self.in_string, self.inner = True, 0
+                self.in_string, self.inner, self.markup = True, 0, False
                 self.key = self.key_next and bool(self.containers) and self.containers[-1] == _OBJECT
             elif byte in _OPENING:
                 self.containers.append(byte)
@@ -82,22 +98,93 @@ class JsonScan:
 
     @property
     def value_open(self) -> bool:
-        """Whether a string value is open with its own brackets balanced: where a closing bracket
-        would end it rather than close one of its own."""
-        return self.in_string and not self.key and self.inner == 0
+        """Whether a string value is open with no bracket of its own left open: where a closing bracket
+        would end it rather than close one of its own (a string that already holds more closing brackets
+        than opening ones swallowed one)."""
+        return self.in_string and not self.key and self.inner <= 0
+
+    @property
+    def value_may_start(self) -> bool:
+        """Whether a string may open here: inside JSON, outside any string (the mask says whether one may)."""
+        return not self.in_string and bool(self.containers)
+
+    @property
+    def tag_open(self) -> bool:
+        """Whether a call's string argument is open (``value_open``) with no ``<`` of its own: where a
+        ``</`` would end the call rather than close a tag the string opened."""
+        return self.calls and self.value_open and not self.markup
 
     def copy(self) -> JsonScan:
-        return JsonScan(list(self.containers), self.in_string, self.key, self.escaped, self.inner, self.key_next,
-                        self.fed)
+        return dataclasses.replace(self, containers=list(self.containers))
+
+
+@dataclass
+class CallScan(JsonScan):
+    """``JsonScan`` over a tool request's output (``tools.grammar``): the JSON of each call, found after
+    the format's ``trigger`` (from the trigger itself where a call's JSON starts with it, llama3's
+    ``{"name": "``), and an answer format's JSON (``armed`` from the start); the free text and the
+    format's markers around them are not read as JSON."""
+
+    trigger: bytes = b""
+    json_trigger: bool = False
+    """The trigger is the first bytes of a call's JSON."""
+    armed: bool = False
+    """A ``{`` outside JSON starts one: after the trigger, or from the start with an answer format."""
+    outside: bool = True
+    seen: bytes = b""
+    """Outside JSON and not armed: the last bytes, where the trigger is looked for."""
+    calls = True
+
+    def feed(self, data: bytes) -> None:
+        for at in range(len(data)):
+            byte = data[at:at + 1]
+            if not self.outside:
+                super().feed(byte)
+                self.outside = not self.containers and not self.in_string
+            elif self.armed and byte[0] == _OBJECT:
+                self.outside = False
+                super().feed(byte)
+            elif not self.armed:
+                self.seen = (self.seen + byte)[-len(self.trigger):]
+                if self.seen == self.trigger:
+                    self.armed = True
+                    if self.json_trigger:
+                        self.outside = False
+                        super().feed(self.trigger)
 
 
 @dataclass(frozen=True)
 class StringTokens:
-    """A vocabulary's closing quote and the tokens that open with a closing bracket."""
+    """A vocabulary's closing quote, the tokens that open with a closing bracket (``closers``) and those
+    that open with ``</`` (``tags``, moved in tool calls only), each after any whitespace."""
 
     quote: int
     closers: torch.Tensor
     closers_np: np.ndarray = field(repr=False)
+    tags: torch.Tensor = field(repr=False, default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    tags_np: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, dtype=np.int64))
+    opens: torch.Tensor = field(repr=False, default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    """The tokens that open a string with a closing bracket (``"]``, ``"}``, ``"},``)."""
+    opens_np: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+
+@dataclass
+class StringMoves:
+    """A step's positions where a string value is open (``rows``), of those where a ``</`` would end a
+    call's argument (``tag_rows``), and where a string may open (``start_rows``)."""
+
+    rows: list[int] = field(default_factory=list)
+    tag_rows: list[int] = field(default_factory=list)
+    start_rows: list[int] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.rows or self.start_rows)
+
+    def __iadd__(self, other: StringMoves) -> StringMoves:
+        self.rows += other.rows
+        self.tag_rows += other.tag_rows
+        self.start_rows += other.start_rows
+        return self
 
 
 def string_tokens(vocabulary: TokenVocabulary) -> StringTokens | None:
@@ -106,13 +193,25 @@ def string_tokens(vocabulary: TokenVocabulary) -> StringTokens | None:
     def build(vocab: TokenVocabulary) -> StringTokens | None:
         skipped = set(vocab.special_ids) | set(vocab.eos_token_ids)
         quote = next((t for t, raw in enumerate(vocab.token_bytes) if raw == b'"' and t not in skipped), None)
-        closers = [t for t in _holding(vocab.token_bytes, rb"[}\]]")
-                   if t not in skipped and vocab.token_bytes[t].lstrip(b" \t\r\n")[:1] in (b"}", b"]")]
+        found = [t for t in _holding(vocab.token_bytes, rb"[}\]<]") if t not in skipped]
+        closers = [t for t in found if vocab.token_bytes[t].lstrip(b" \t\r\n")[:1] in (b"}", b"]")]
+        tags = [t for t in found if vocab.token_bytes[t].lstrip(b" \t\r\n").startswith(b"</")]
+        opens = [t for t in found if _opens_with_closer(vocab.token_bytes[t])]
         if quote is None or not closers:
             return None
-        return StringTokens(quote, torch.tensor(closers, dtype=torch.long), np.array(closers, dtype=np.int64))
+        return StringTokens(quote, *_both(closers), *_both(tags), *_both(opens))
 
     return vocabulary.engine_object("string-guard", build)
+
+
+def _opens_with_closer(raw: bytes) -> bool:
+    """``"]``, ``"}``, `` "},``: a quote, then a closing bracket (whitespace around either)."""
+    rest = raw.lstrip(b" \t\r\n")
+    return rest[:1] == b'"' and rest[1:].lstrip(b" \t\r\n")[:1] in (b"}", b"]")
+
+
+def _both(ids: list[int]) -> tuple[torch.Tensor, np.ndarray]:
+    return torch.tensor(ids, dtype=torch.long), np.array(ids, dtype=np.int64)
 
 
 def _holding(token_bytes: Sequence[bytes], pattern: bytes) -> list[int]:
@@ -124,67 +223,95 @@ def _holding(token_bytes: Sequence[bytes], pattern: bytes) -> list[int]:
 
 
 def guarded(session: Any) -> bool:
-    """Whether the string guard reads ``session``'s output: the answer of a ``JsonSchema``, JSON from
-    its first byte."""
-    return isinstance(session.compiled.spec, JsonSchema)
+    """Whether the string guard reads ``session``'s output: the answer of a ``JsonSchema`` (JSON from its
+    first byte) or a tool request's output (``CallScan``)."""
+    return isinstance(session.compiled.spec, (JsonSchema, ToolCallsGrammar))
 
 
-def string_moves(session: Any, tokens: Sequence[int], start: int) -> list[int]:
+def new_scan(spec: Any) -> JsonScan:
+    """A scan of an output under ``spec`` from its first byte (``guarded`` specs)."""
+    if not isinstance(spec, ToolCallsGrammar):
+        return JsonScan()
+    fmt = spec.request.format
+    return CallScan(trigger=fmt.trigger.encode(), json_trigger=fmt.trigger_in_call,
+                    armed=spec.answer_format is not None and spec.request.mode != "call")
+
+
+def string_moves(session: Any, tokens: Sequence[int], start: int) -> StringMoves:
     """The rows of a step's logits (``start`` on: the positions after ``session.output`` and each of
-    ``tokens``) where a string value is open (``JsonScan.value_open``)."""
+    ``tokens``) where a string value is open (``JsonScan.value_open``), and where a tool call's is with
+    no ``<`` in it (``JsonScan.tag_open``)."""
     vocab = session.compiled.vocabulary
     scan = session.json_scan
     if scan is None or scan.fed > len(session.output):
-        scan = session.json_scan = JsonScan()
+        scan = session.json_scan = new_scan(session.compiled.spec)
     for token in session.output[scan.fed:]:
         _feed_token(scan, vocab, token)
     scan.fed = len(session.output)
-    rows = []
+    moves = StringMoves()
     walk = scan.copy() if tokens else scan
     for offset in range(len(tokens) + 1):
         if walk.value_open:
-            rows.append(start + offset)
+            moves.rows.append(start + offset)
+            if walk.tag_open:
+                moves.tag_rows.append(start + offset)
+        elif walk.value_may_start:
+            moves.start_rows.append(start + offset)
         if offset < len(tokens):
             _feed_token(walk, vocab, tokens[offset])
-    return rows
+    return moves
 
 
 def _feed_token(scan: JsonScan, vocab: TokenVocabulary, token: int) -> None:
-    if token not in vocab.eos_token_ids and token not in vocab.special_ids:
+    """A call's markers may be special tokens (Qwen's ``<tool_call>``): a ``CallScan`` reads their text."""
+    if token not in vocab.eos_token_ids and (scan.calls or token not in vocab.special_ids):
         scan.feed(vocab.token_bytes[token])
 
 
-def move_to_quote(logits: torch.Tensor | np.ndarray, rows: Sequence[int], tokens: StringTokens) -> None:
-    """At each of ``rows`` of masked ``logits`` whose quote is allowed, move the closers' probability
-    onto the quote, in place (numpy rows where the logits are host memory)."""
+def move_to_quote(logits: torch.Tensor | np.ndarray, moves: StringMoves, tokens: StringTokens) -> None:
+    """At each of ``moves.rows`` of masked ``logits`` whose quote is allowed, move the closers'
+    probability onto the quote (and the ``</`` tokens' at ``moves.tag_rows``; at ``moves.start_rows``,
+    the ``opens``'), in place (numpy rows where the logits are host memory)."""
+    if moves.tag_rows and len(tokens.tags_np):
+        _move(logits, moves.tag_rows, tokens.quote, tokens.tags, tokens.tags_np)
+    _move(logits, moves.rows, tokens.quote, tokens.closers, tokens.closers_np)
+    if moves.start_rows and len(tokens.opens_np):
+        _move(logits, moves.start_rows, tokens.quote, tokens.opens, tokens.opens_np)
+
+
+def _move(logits: torch.Tensor | np.ndarray, rows: Sequence[int], quote_id: int, closers_index: torch.Tensor,
+          closers_np: np.ndarray) -> None:
     if not rows:
         return
     if isinstance(logits, np.ndarray):
         at = np.asarray(rows, dtype=np.int64)
-        at = at[np.isfinite(logits[at, tokens.quote])]
+        at = at[np.isfinite(logits[at, quote_id])]
         if not len(at):
             return
-        closers = logits[at[:, None], tokens.closers_np]
-        logits[at, tokens.quote] = np.logaddexp(logits[at, tokens.quote], np.logaddexp.reduce(closers, axis=1))
-        logits[at[:, None], tokens.closers_np] = -np.inf
+        closers = logits[at[:, None], closers_np]
+        logits[at, quote_id] = np.logaddexp(logits[at, quote_id], np.logaddexp.reduce(closers, axis=1))
+        logits[at[:, None], closers_np] = -np.inf
         return
     at = torch.tensor(rows, dtype=torch.long).to(logits.device, non_blocking=True)
-    closers_index = tokens.closers.to(logits.device, non_blocking=True)
-    quote = logits[at, tokens.quote]
+    closers_index = closers_index.to(logits.device, non_blocking=True)
+    quote = logits[at, quote_id]
     allowed = torch.isfinite(quote)
     closers = logits[at[:, None], closers_index]
-    logits[at, tokens.quote] = torch.where(allowed, torch.logaddexp(quote, torch.logsumexp(closers, dim=1)), quote)
+    logits[at, quote_id] = torch.where(allowed, torch.logaddexp(quote, torch.logsumexp(closers, dim=1)), quote)
     logits[at[:, None], closers_index] = torch.where(allowed[:, None], float("-inf"), closers)
 
 
 def guard_strings(session: Any, tokens: Sequence[int], masked: torch.Tensor, last_only: bool = False) -> None:
     """The string guard on a step program's masked logits, in place: ``masked`` holds the positions after
     ``session.output`` and each of ``tokens`` (``last_only``: one row, the position after all of them).
-    Nothing where the session's answer is not a ``JsonSchema``'s."""
+    Nothing where the session's output is not ``guarded``."""
     if not guarded(session):
         return
     tokens_of = string_tokens(session.compiled.vocabulary)
-    rows = string_moves(session, tokens, 0) if tokens_of is not None else []
+    if tokens_of is None:
+        return
+    moves = string_moves(session, tokens, 0)
     if last_only:
-        rows = [0] if rows and rows[-1] == len(tokens) else []
-    move_to_quote(masked.view(-1, masked.shape[-1]), rows, tokens_of)
+        last = len(tokens)
+        moves = StringMoves(*([0] if last in rows else [] for rows in (moves.rows, moves.tag_rows, moves.start_rows)))
+    move_to_quote(masked.view(-1, masked.shape[-1]), moves, tokens_of)

@@ -69,7 +69,7 @@ from ..constraints import compile as compile_constraint
 from ..constraints.compiler import DEFAULT_TIMEOUT_S
 from ..constraints.mask import allocate_bitmask, apply_bitmask, clear_bitmask, set_bit
 from ..decoding.loops import PENALTY, loop_continuation
-from ..decoding.strings import guarded, move_to_quote, string_moves, string_tokens
+from ..decoding.strings import StringMoves, guarded, move_to_quote, string_moves, string_tokens
 from ..errors import CdslError, CompileTimeout, InvalidArgument, OutputInvalid
 from ..options import one_constraint
 
@@ -386,18 +386,21 @@ class CdslLogitsProcessor(LogitsProcessor):
             self._fill(self.rows[index], self.bitmask[slot], logits, index)
         rows = logits[indices]
         apply_bitmask(rows, self.bitmask[:len(indices)])
-        open_strings = [slot for slot, index in enumerate(indices) if self._string_open(self.rows[index])]
-        if open_strings:
-            move_to_quote(rows, open_strings, string_tokens(self.vocabulary))
+        moves = StringMoves()
+        for slot, index in enumerate(indices):
+            moves += self._open_strings(self.rows[index], slot)
+        if moves:
+            move_to_quote(rows, moves, string_tokens(self.vocabulary))
         logits[indices] = rows
         return logits
 
     @staticmethod
-    def _string_open(row: _Row) -> bool:
-        """Whether the string guard moves ``row``'s logits: a schema's answer with a string value open."""
+    def _open_strings(row: _Row, slot: int) -> StringMoves:
+        """Where the string guard moves ``row``'s logits (at ``slot``): a schema's answer with a string
+        value open."""
         if not row.strings or row.error is not None or row.compiled is None or not guarded(row):
-            return False
-        return bool(string_moves(row, [], 0))
+            return StringMoves()
+        return string_moves(row, [], slot)
 
     def _fill(self, row: _Row, mask: Any, logits: Any, index: int) -> None:
         """One row's mask (EOS alone for a failed row) and loop-guard penalty."""

@@ -1,4 +1,5 @@
-"""The string guard: a JSON string value whose model moves on to a closing bracket is ended there."""
+"""The string guard: a JSON string value whose model moves on to a closing bracket is ended there, in a
+schema's answer and in a tool call's arguments (where ``</`` ends it too)."""
 
 import json
 import random
@@ -12,24 +13,29 @@ from cdsl_struct.api import Generator
 from cdsl_struct.constraints import JsonSchema, Regex, compile
 from cdsl_struct.constraints.mask import allocate_bitmask, apply_bitmask
 from cdsl_struct.decoding.strings import (
+    CallScan,
     JsonScan,
+    StringMoves,
     guard_strings,
     guarded,
     move_to_quote,
+    new_scan,
     string_moves,
     string_tokens,
 )
 from cdsl_struct.options import Method
 from cdsl_struct.rewards.keywords import json_string_values
+from cdsl_struct.tools import ToolCallsGrammar, tool_request
+from cdsl_struct.tools.formats import FORMATS
 
 
 def _value_open(prefix: str) -> bool:
-    """The reference: the text ends inside a string value (not a key) whose brackets balance."""
+    """The reference: the text ends inside a string value (not a key) with no bracket of its own open."""
     values = json_string_values(prefix)
     if not values or values[-1][1]:  # an unclosed value can only be the one the text ends in
         return False
     text = values[-1][0]
-    return sum(text.count(c) for c in "{[") == sum(text.count(c) for c in "}]")
+    return sum(text.count(c) for c in "{[") <= sum(text.count(c) for c in "}]")
 
 
 def _random_json(rng: random.Random, depth: int = 0) -> object:
@@ -52,7 +58,7 @@ def test_the_scan_knows_an_open_value_from_a_key_and_a_value_with_brackets_of_it
         for end, char in enumerate(text):
             assert scan.value_open == _value_open(text[:end]), text[:end]
             scan.feed(char.encode())
-    for prefix, open_ in [('{"a": "London', True), ('{"a', False), ('{"a": "x {y', False), ('{"a": "{y}', True),
+    for prefix, open_ in [('{"a": "London', True), ('{"a', False), ('{"a": "x {y', False), ('{"a": "{y}', True), ('{"a": "]', True),
                           ('["x", "y', True), ('{"a": ["b', True), ('{"a": "q\\"', True), ('{"a": "x"', False)]:
         scan = JsonScan()
         scan.feed(prefix.encode())
@@ -67,6 +73,8 @@ def test_the_quote_and_the_closing_brackets_of_a_vocabulary(vocab_of):
     closers = {vocabulary.token_bytes[t] for t in tokens.closers.tolist()}
     assert {b" }", b"}", b"]", b" ]", b" },"} <= closers
     assert not closers & {b'"', b'"}', b",", b" ,", b"{"}
+    opens = {vocabulary.token_bytes[t] for t in tokens.opens.tolist()}
+    assert {b'"]', b'"}', b'"},'} <= opens and not opens & {b'"', b'",', b"]", b'""'}
 
 
 def test_the_move_puts_the_closers_probability_on_the_quote_and_nothing_where_the_quote_is_refused(vocab_of):
@@ -87,8 +95,8 @@ def test_the_move_puts_the_closers_probability_on_the_quote_and_nothing_where_th
     host = logits.clone().numpy()
     before = torch.softmax(logits, -1)
     moved = logits.clone()
-    move_to_quote(moved, [0, 1], tokens)
-    move_to_quote(host, [0, 1], tokens)
+    move_to_quote(moved, StringMoves([0, 1]), tokens)
+    move_to_quote(host, StringMoves([0, 1]), tokens)
     assert torch.allclose(torch.from_numpy(host), moved, atol=1e-5)  # the same on either path
     after = torch.softmax(moved, -1)
     closers = tokens.closers
@@ -103,12 +111,15 @@ def test_a_step_moves_exactly_at_the_positions_inside_a_value(vocab_of):
     session = SimpleNamespace(compiled=compile(JsonSchema({"type": "object"}), vocabulary),
                               output=vocabulary.encode('{"city": "Lon'), json_scan=None)
     proposed = vocabulary.encode('don", "x": "y')
-    rows = string_moves(session, proposed, start=10)
+    rows = string_moves(session, proposed, start=10).rows
     texts = [vocabulary.decode(session.output + proposed[:i]).decode() for i in range(len(proposed) + 1)]
     assert rows == [10 + i for i, text in enumerate(texts) if _value_open(text)] and rows[0] == 10
     assert session.json_scan.fed == len(session.output)  # the output is read once; the proposal is not kept
     session.output = session.output + proposed[:2]  # two of them committed: read on from there
-    assert string_moves(session, proposed[2:], start=0) == [row - 12 for row in rows if row >= 12]
+    assert string_moves(session, proposed[2:], start=0).rows == [row - 12 for row in rows if row >= 12]
+    assert not string_moves(session, proposed, start=0).tag_rows  # ``</`` ends nothing in a schema's answer
+    starts = string_moves(session, proposed[2:], start=0).start_rows  # where a string may open: outside one
+    assert starts == [i for i, text in enumerate(texts[2:]) if text.count('"') % 2 == 0]
     assert guarded(session)
     assert not guarded(SimpleNamespace(compiled=compile(Regex("[a-z]+"), vocabulary)))
 
@@ -155,8 +166,9 @@ def test_guarding_one_position_of_a_program(vocab_of):
     guard_strings(session, vocabulary.encode("don"), row, last_only=True)  # inside the value: moved
     assert row[tokens.closers].eq(-float("inf")).all() and row[tokens.quote] > 0
     row = torch.zeros_like(row)
-    guard_strings(session, vocabulary.encode('don", "x": 1'), row, last_only=True)  # outside it: untouched
-    assert row.eq(0).all()
+    guard_strings(session, vocabulary.encode('don", "x": 1'), row, last_only=True)  # outside it: the closers kept
+    assert row[tokens.closers].eq(0).all() and row[tokens.opens].eq(-float("inf")).all()  # ``"]`` only opens
+    assert row[tokens.quote] > 0 and (row == 0).sum() == row.numel() - len(tokens.opens) - 1
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (benchmarks/gpu_check.sh runs it)")
@@ -165,11 +177,136 @@ def test_the_move_on_a_gpu_equals_the_cpus_and_never_waits_for_it(vocab_of):
     logits = torch.randn(6, 49152, generator=torch.Generator().manual_seed(2))
     logits[3, tokens.quote] = -float("inf")  # a row whose quote the mask refused
     on_host = logits.clone()
-    move_to_quote(on_host, [0, 3, 5], tokens)
+    move_to_quote(on_host, StringMoves([0, 3, 5], [3, 5]), tokens)
     on_card = logits.cuda()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        move_to_quote(on_card, [0, 3, 5], tokens)
+        move_to_quote(on_card, StringMoves([0, 3, 5], [3, 5]), tokens)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert torch.allclose(on_card.cpu(), on_host, atol=1e-5) and torch.equal(on_card[3].cpu(), logits[3])
+
+
+_TOOLS = [{"type": "function", "function": {"name": "send_email", "parameters": {"type": "object", "properties": {
+    "to": {"type": "string"}, "body": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}},
+    "meta": {"type": "object"}}}}}]
+
+
+def _calls_text(fmt, free: str, calls: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+    """A tool output in ``fmt`` after ``free`` text, and where each call's JSON lies in it."""
+    pieces, spans, at = [free, fmt.open], [], len(free) + len(fmt.open)
+    for i, call in enumerate(calls):
+        if i:
+            pieces.append(fmt.separator)
+            at += len(fmt.separator)
+        if fmt.name_then is not None:
+            head, body = call["name"] + fmt.name_then, json.dumps(call["arguments"], ensure_ascii=False)
+        else:
+            head = ""
+            body = json.dumps({"name": call["name"], fmt.arguments_key: call["arguments"]}, ensure_ascii=False)
+        if fmt.trigger_in_call and not i:  # the call's JSON starts with the trigger: ``open`` is empty
+            assert body.startswith(fmt.trigger)
+        pieces += [head, body]
+        spans.append((at + len(head), at + len(head) + len(body)))
+        at += len(head) + len(body)
+    return "".join(pieces) + fmt.close, spans
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_a_calls_scan_reads_only_the_calls_json_in_every_format(name):
+    fmt = FORMATS[name]
+    calls = [{"name": "send_email", "arguments": {"to": "a}b@x.org", "body": 'Hi <b>all</b>, "q" {x} [1]',
+                                                  "tags": ["p", "q}"], "meta": {"k": "v"}}},
+             {"name": "send_email", "arguments": {"to": "tom@x.org", "body": "Hello"}}]
+    for mode, free, answer in (("auto", 'Sure: {"x": "y" and [z ', None), ("call", "", None),
+                               ("auto", "", {"type": "object"})):
+        request = tool_request(_TOOLS, "required" if mode == "call" else "auto", tool_format=fmt)
+        scan = new_scan(ToolCallsGrammar(request, answer_format=answer))
+        assert isinstance(scan, CallScan)
+        text, spans = _calls_text(fmt, free, calls)
+        for end, char in enumerate(text):
+            inside = next((text[start:end] for start, stop in spans if start <= end < stop), None)
+            expected = inside is not None and _value_open(inside)
+            assert scan.value_open == expected, (name, mode, text[:end])
+            assert scan.tag_open == (expected and "<" not in _open_string(inside)), (name, mode, text[:end])
+            scan.feed(char.encode())
+    answer_scan = new_scan(ToolCallsGrammar(tool_request(_TOOLS, "auto", tool_format=fmt),
+                                            answer_format={"type": "object"}))
+    answer_scan.feed(b'{"reply": "Lon')  # an answer in the answer format: JSON from the first byte
+    assert answer_scan.value_open and answer_scan.tag_open
+
+
+def _open_string(prefix: str) -> str:
+    """The text of the string value ``prefix`` ends in (from its opening quote)."""
+    values = json_string_values(prefix)
+    return values[-1][0] if values else ""
+
+
+def test_the_closing_tags_of_a_vocabulary_move_in_calls_only_where_the_string_has_no_tag(vocab_of):
+    vocabulary = vocab_of("smollm2")
+    tokens = string_tokens(vocabulary)
+    tags = {vocabulary.token_bytes[t] for t in tokens.tags.tolist()}
+    assert {b"</", b" </"} <= tags and not tags & {b"<", b" <", b"}"}
+    logits = torch.randn(3, vocabulary.size, generator=torch.Generator().manual_seed(3))
+    host = logits.clone().numpy()
+    moved = logits.clone()
+    for into in (moved, host):
+        move_to_quote(into, StringMoves([0, 1], [1]), tokens)
+    assert torch.allclose(torch.from_numpy(host), moved, atol=1e-5)
+    before, after = torch.softmax(logits, -1), torch.softmax(moved, -1)
+    assert torch.equal(moved[0, tokens.tags], logits[0, tokens.tags])  # a row without tag moves keeps its ``</``
+    assert after[1, tokens.quote] == pytest.approx(float(before[1, tokens.quote] + before[1, tokens.closers].sum()
+                                                          + before[1, tokens.tags].sum()), rel=1e-4)
+    assert torch.equal(moved[2], logits[2])
+    request = tool_request(_TOOLS, "required")
+    session = SimpleNamespace(compiled=compile(ToolCallsGrammar(request), vocabulary), json_scan=None,
+                              output=vocabulary.encode('<tool_call>{"name": "send_email", "arguments": {"body": "Hi'))
+    assert guarded(session)
+    proposed = vocabulary.encode(' <b>x", "to": "y')
+    moves = string_moves(session, proposed, start=0)
+    assert moves.rows[0] == 0 and moves.tag_rows[0] == 0  # "Hi: no tag yet
+    texts = [vocabulary.decode(session.output + proposed[:i]).decode() for i in range(len(proposed) + 1)]
+    assert moves.tag_rows == [i for i in moves.rows if "<" not in _open_string(texts[i].split('"arguments": ', 1)[1])]
+    assert len(moves.tag_rows) < len(moves.rows)  # after " <b": a tag of its own
+
+
+def get_weather(city: str, unit: str = "celsius") -> str:
+    """Get the current weather in a city.
+
+    Args:
+        city: The city's name.
+        unit: celsius or fahrenheit.
+    """
+
+
+def send_email(to: str, subject: str, body: str) -> str:
+    """Send an email.
+
+    Args:
+        to: The recipient's address.
+        subject: The subject line.
+        body: The message.
+    """
+
+
+def search_flights(origin: str, destination: str, date: str) -> str:
+    """Search flights.
+
+    Args:
+        origin: city of departure
+        destination: city of arrival
+        date: the day, YYYY-MM-DD
+    """
+
+
+def test_an_argument_the_model_ends_with_the_calls_closing_tag_is_ended_there(smollm2, one_torch_thread):
+    prompt = "Send an email to tom@x.org saying hi"
+    options = {"tools": [get_weather, send_email, search_flights], "tool_choice": "required", "max_tokens": 96}
+    bare = Generator(smollm2, draft=None, string_guard=False).generate(prompt, **options)
+    assert "</tool_call>" in bare.tool_calls[0].arguments["subject"]  # the failure, without the guard
+    ended = Generator(smollm2, draft=None).generate(prompt, **options)
+    assert ended.finish_reason == "stop"
+    arguments = ended.tool_calls[0].arguments
+    assert arguments["to"] == "tom@x.org" and not any("<" in value for value in arguments.values()), arguments
+    fast = Generator(smollm2).generate(prompt, method="speculative", **options)  # the same tokens, speculating
+    assert fast.text == ended.text
