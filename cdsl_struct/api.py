@@ -128,8 +128,9 @@ class Generator:
     and speculative rows; CDLH and CDSL rows never write a block of tokens, or of words whatever
     their case and punctuation, a third time in a row; it never loosens a constraint).
     ``string_guard`` (default on): where a JSON schema's string value is open and the model moves on to
-    a closing bracket without its quote, the value ends there (``decoding.strings``; target,
-    speculative, CDLH and CDSL rows; it only moves probability between tokens the constraint allows).
+    a closing bracket without its quote, the value ends there, in ``schema=`` answers and tool calls'
+    arguments (``decoding.strings``; target, speculative, CDLH and CDSL rows; it only moves probability
+    between tokens the constraint allows).
     ``torch_compile``: the batched target forward's decoder layers run through graphs compiled ahead of
     time (``models.saved_graphs``). The Generator returns once the model is loaded (and ~2 s of
     ``background_compile.prepare_loading``) and answers eagerly; a second

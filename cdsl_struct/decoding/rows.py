@@ -45,8 +45,8 @@ class Request:
     penalties: Penalties | None = None
     loop_guard: bool = False
     string_guard: bool = False
-    """End a JSON string value where the model moves on to a closing bracket without its quote
-    (``decoding.strings``)."""
+    """End a JSON string value (a schema's answer, a tool call's arguments) where the model moves on to
+    a closing bracket without its quote (``decoding.strings``)."""
     logprobs: int | None = None
     on_budget: str = "cut"
     """``"close"``: end the output validly before ``max_tokens`` cuts it (``decoding.budget``);
