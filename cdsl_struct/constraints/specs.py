@@ -32,9 +32,11 @@ GRAMMARS_DIR = Path(__file__).resolve().parents[1] / "grammars"
 
 
 class ConstraintSpec:
-    """Base of the spec types. ``key`` identifies the constraint for caching."""
+    """Base of the spec types. ``key`` identifies the constraint for caching; ``writes_json``: every
+    output is JSON text from its first byte (what the string guard reads, ``decoding.strings``)."""
 
     kind: str = ""
+    writes_json = False
 
     @property
     def key(self) -> str:
@@ -52,6 +54,7 @@ class JsonSchema(ConstraintSpec):
     schema: Any
     model: Any = field(default=None, compare=False)
     kind = "json_schema"
+    writes_json = True
 
     def __post_init__(self) -> None:
         schema, model = _normalise_schema(self.schema)

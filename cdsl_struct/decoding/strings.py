@@ -23,7 +23,7 @@ and a small model leaves a string argument open the same way, or writes the call
 into it (``"subject": "Hi,</tool_call>x.com"``: SmolLM2 learned hermes's ``</tool_call>``). There,
 tokens that open with ``</`` move onto the quote as well, in a string that holds no ``<`` of its own.
 
-``JsonScan`` follows a JSON text byte by byte (the answer of a ``JsonSchema`` request, no reasoning
+``JsonScan`` follows a JSON text byte by byte (an answer that is JSON from its first byte, no reasoning
 before it), ``CallScan`` the JSON inside a tool request's output; ``string_moves`` finds a step's
 positions to move; ``move_to_quote`` moves them, after the masks, in a few ops over all of them.
 """
@@ -39,7 +39,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..constraints import JsonSchema
 from ..constraints.vocabulary import TokenVocabulary
 from ..tools.grammar import ToolCallsGrammar
 
@@ -223,9 +222,10 @@ def _holding(token_bytes: Sequence[bytes], pattern: bytes) -> list[int]:
 
 
 def guarded(session: Any) -> bool:
-    """Whether the string guard reads ``session``'s output: the answer of a ``JsonSchema`` (JSON from its
-    first byte) or a tool request's output (``CallScan``)."""
-    return isinstance(session.compiled.spec, (JsonSchema, ToolCallsGrammar))
+    """Whether the string guard reads ``session``'s output: JSON from its first byte (a ``JsonSchema``'s
+    answer, an output type's value: ``ConstraintSpec.writes_json``) or a tool request's (``CallScan``)."""
+    spec = session.compiled.spec
+    return spec.writes_json or isinstance(spec, ToolCallsGrammar)
 
 
 def new_scan(spec: Any) -> JsonScan:

@@ -51,6 +51,9 @@ class TypedRegex(Regex):
     compiled constraint per model, as for pydantic models."""
 
     model: Any = dataclasses.field(default=None, compare=False)
+    writes_json = True
+    """The regexes of Python types write their values as JSON (``list[str]`` -> ``["a", "b"]``); a type
+    whose values have no strings (``int``, ``date``) opens none, so the string guard never acts there."""
 
     def parse(self, text: str) -> Any:
         """The value of a finished output (``OutputInvalid`` if it names none)."""
@@ -77,6 +80,7 @@ class TypedGrammar(Grammar):
     JSON grammar gives a dict)."""
 
     model: Any = dataclasses.field(default=None, compare=False)
+    writes_json = True
 
     def parse(self, text: str) -> Any:
         """The value of a finished output."""

@@ -58,8 +58,9 @@ def test_the_scan_knows_an_open_value_from_a_key_and_a_value_with_brackets_of_it
         for end, char in enumerate(text):
             assert scan.value_open == _value_open(text[:end]), text[:end]
             scan.feed(char.encode())
-    for prefix, open_ in [('{"a": "London', True), ('{"a', False), ('{"a": "x {y', False), ('{"a": "{y}', True), ('{"a": "]', True),
-                          ('["x", "y', True), ('{"a": ["b', True), ('{"a": "q\\"', True), ('{"a": "x"', False)]:
+    for prefix, open_ in [('{"a": "London', True), ('{"a', False), ('{"a": "x {y', False), ('{"a": "{y}', True),
+                          ('{"a": "]', True), ('["x", "y', True), ('{"a": ["b', True), ('{"a": "q\\"', True),
+                          ('{"a": "x"', False)]:
         scan = JsonScan()
         scan.feed(prefix.encode())
         assert scan.value_open is open_, prefix
@@ -122,6 +123,9 @@ def test_a_step_moves_exactly_at_the_positions_inside_a_value(vocab_of):
     assert starts == [i for i, text in enumerate(texts[2:]) if text.count('"') % 2 == 0]
     assert guarded(session)
     assert not guarded(SimpleNamespace(compiled=compile(Regex("[a-z]+"), vocabulary)))
+    # an output type that writes JSON: ``list[str]`` is an Outlines regex of a JSON array
+    typed = SimpleNamespace(compiled=compile(list[str], vocabulary), output=vocabulary.encode('["Lon'), json_scan=None)
+    assert guarded(typed) and string_moves(typed, [], start=0).rows == [0]
 
 
 class _Person(BaseModel):
