@@ -222,9 +222,14 @@ def _holding(token_bytes: Sequence[bytes], pattern: bytes) -> list[int]:
 
 
 def guarded(session: Any) -> bool:
-    """Whether the string guard reads ``session``'s output: JSON from its first byte (a ``JsonSchema``'s
-    answer, an output type's value: ``ConstraintSpec.writes_json``) or a tool request's (``CallScan``)."""
-    spec = session.compiled.spec
+    """Whether the string guard reads ``session``'s output (``reads_json``)."""
+    return reads_json(session.compiled.spec)
+
+
+def reads_json(spec: Any) -> bool:
+    """Whether outputs under ``spec`` hold JSON the string guard reads: JSON from the first byte (a
+    ``JsonSchema``'s answer, an output type's value: ``ConstraintSpec.writes_json``) or a tool request's
+    calls (``CallScan``)."""
     return spec.writes_json or isinstance(spec, ToolCallsGrammar)
 
 
@@ -246,23 +251,28 @@ def string_moves(session: Any, tokens: Sequence[int], start: int) -> StringMoves
     if scan is None or scan.fed > len(session.output):
         scan = session.json_scan = new_scan(session.compiled.spec)
     for token in session.output[scan.fed:]:
-        _feed_token(scan, vocab, token)
+        feed_token(scan, vocab, token)
     scan.fed = len(session.output)
     moves = StringMoves()
     walk = scan.copy() if tokens else scan
     for offset in range(len(tokens) + 1):
-        if walk.value_open:
-            moves.rows.append(start + offset)
-            if walk.tag_open:
-                moves.tag_rows.append(start + offset)
-        elif walk.value_may_start:
-            moves.start_rows.append(start + offset)
+        add_position(moves, walk, start + offset)
         if offset < len(tokens):
-            _feed_token(walk, vocab, tokens[offset])
+            feed_token(walk, vocab, tokens[offset])
     return moves
 
 
-def _feed_token(scan: JsonScan, vocab: TokenVocabulary, token: int) -> None:
+def add_position(moves: StringMoves, scan: JsonScan, row: int) -> None:
+    """Add ``row``, the position after the text ``scan`` has read, to ``moves`` where the guard acts."""
+    if scan.value_open:
+        moves.rows.append(row)
+        if scan.tag_open:
+            moves.tag_rows.append(row)
+    elif scan.value_may_start:
+        moves.start_rows.append(row)
+
+
+def feed_token(scan: JsonScan, vocab: TokenVocabulary, token: int) -> None:
     """A call's markers may be special tokens (Qwen's ``<tool_call>``): a ``CallScan`` reads their text."""
     if token not in vocab.eos_token_ids and (scan.calls or token not in vocab.special_ids):
         scan.feed(vocab.token_bytes[token])

@@ -18,6 +18,11 @@ row came from (beam search reorders rows every step). So states are keyed by the
 has generated: at every step a row's state is its parent's (the row's tokens minus the last one)
 advanced by the last token, copied when several rows share a parent. This needs no help from the
 search and is exact for every search strategy that extends sequences one token per step.
+
+The string guard (``decoding.strings``, on by default as in the engine: ``constrained(...,
+string_guard=False)`` turns it off) follows each row's JSON the same way, keyed by its tokens: where a
+schema's string value is open and the model moves on to a closing bracket without its quote, the
+bracket's probability goes to the quote, after the mask.
 """
 
 from __future__ import annotations
@@ -30,6 +35,16 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from ..constraints import CompiledConstraint, ConstraintState, allocate_bitmask, apply_bitmask
+from ..decoding.strings import (
+    JsonScan,
+    StringMoves,
+    add_position,
+    feed_token,
+    move_to_quote,
+    new_scan,
+    reads_json,
+    string_tokens,
+)
 from ..errors import InvalidToken
 
 __all__ = ["ConstraintLogitsProcessor", "ConstraintStoppingCriteria", "constrained", "finish_reasons"]
@@ -43,17 +58,21 @@ class ConstraintLogitsProcessor(LogitsProcessor):
     ``constraints``: one ``CompiledConstraint`` for every input row, or a list with one per
     input row. Rows expanded by ``num_beams`` / ``num_return_sequences`` use their input row's
     constraint. A processor may be reused: a call whose sequences are no longer than the last
-    call's starts a new generation.
+    call's starts a new generation. ``string_guard``: end a JSON string value the model leaves open
+    for a closing bracket (see the module's docstring).
     """
 
-    def __init__(self, constraints: CompiledConstraint | Sequence[CompiledConstraint]) -> None:
+    def __init__(self, constraints: CompiledConstraint | Sequence[CompiledConstraint], *,
+                 string_guard: bool = True) -> None:
         self.constraints = [constraints] if isinstance(constraints, CompiledConstraint) else list(constraints)
         if not self.constraints or not all(isinstance(c, CompiledConstraint) for c in self.constraints):
             raise TypeError("constraints must be a CompiledConstraint or a non-empty list of them (cs.compile(...))")
+        self.string_guard = string_guard
         self.prompt_length = 0
         self._last_length = -1
         self._expand = 1
         self._states: list[dict[tuple[int, ...], ConstraintState | None]] = []
+        self._scans: list[dict[tuple[int, ...], JsonScan] | None] = []
 
     # --- transformers hooks ---------------------------------------------------------------------
 
@@ -82,6 +101,8 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         apply_bitmask(scores, mask)
         if kept is not None:
             scores[unmasked] = kept
+        if self.string_guard:
+            self._guard_strings(keys, scores, set(unmasked))
         return scores
 
     # --- queries ----------------------------------------------------------------------------------
@@ -121,6 +142,26 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         self._expand = rows // len(self.constraints)
         self.prompt_length = input_ids.shape[1]
         self._states = [{(): c.new_state()} for c in self.constraints]
+        self._scans = [{(): new_scan(c.spec)} if self.string_guard and reads_json(c.spec) else None
+                       for c in self.constraints]
+
+    def _guard_strings(self, keys: list[tuple[int, ...]], scores: torch.Tensor, skipped: set[int]) -> None:
+        """The string guard's moves on the masked ``scores`` of the live rows (``decoding.strings``)."""
+        moves = StringMoves()
+        current: list[dict[tuple[int, ...], JsonScan] | None] = [None if s is None else {} for s in self._scans]
+        for i, key in enumerate(keys):
+            group = self._group(i)
+            scans = current[group]
+            if scans is None:
+                continue
+            if key not in scans:
+                scans[key] = _scan_of(self._scans[group], key, self.constraints[group])
+            if i not in skipped:
+                add_position(moves, scans[key], i)
+        self._scans = current  # the scans of this step's rows only, as ``_states``
+        tokens = string_tokens(self.constraints[0].vocabulary) if moves else None
+        if tokens is not None:
+            move_to_quote(scores, moves, tokens)
 
     def _advance(self, keys: list[tuple[int, ...]]) -> None:
         """Give every row's key a state: its parent's, advanced by its last token."""
@@ -153,6 +194,20 @@ class ConstraintLogitsProcessor(LogitsProcessor):
 
     def _vocab_size(self) -> int:
         return max(c.vocab_size for c in self.constraints)
+
+
+def _scan_of(previous: dict[tuple[int, ...], JsonScan], key: tuple[int, ...],
+             constraint: CompiledConstraint) -> JsonScan:
+    """The string guard's scan of a row's tokens ``key``: the step before's (the same tokens), or its
+    parent's copied (a beam's parent may have several children) and fed the last token, or a new one
+    fed them all."""
+    if key in previous:
+        return previous[key]
+    parent = previous.get(key[:-1]) if key else None
+    scan = parent.copy() if parent is not None else new_scan(constraint.spec)
+    for token in key[-1:] if parent is not None else key:
+        feed_token(scan, constraint.vocabulary, token)
+    return scan
 
 
 def _step(state: ConstraintState, token: int) -> ConstraintState | None:
@@ -194,9 +249,11 @@ def finish_reasons(generate_kwargs: dict[str, Any], sequences: torch.Tensor,
     return processor.finish_reasons(sequences, pad_token_id)
 
 
-def constrained(constraints: CompiledConstraint | Sequence[CompiledConstraint]) -> dict[str, Any]:
-    """``model.generate`` keyword arguments that decode under ``constraints`` (one, or one per input row)."""
-    processor = ConstraintLogitsProcessor(constraints)
+def constrained(constraints: CompiledConstraint | Sequence[CompiledConstraint], *,
+                string_guard: bool = True) -> dict[str, Any]:
+    """``model.generate`` keyword arguments that decode under ``constraints`` (one, or one per input row);
+    ``string_guard`` as ``ConstraintLogitsProcessor``'s."""
+    processor = ConstraintLogitsProcessor(constraints, string_guard=string_guard)
     return {
         "logits_processor": LogitsProcessorList([processor]),
         "stopping_criteria": StoppingCriteriaList([ConstraintStoppingCriteria(processor)]),

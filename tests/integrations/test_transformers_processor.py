@@ -146,3 +146,26 @@ def test_bad_arguments_are_typed_errors(lm, constraints):
     with pytest.raises(ValueError, match="one per input row"):
         lm.model.generate(**inputs, **constrained(constraints), max_new_tokens=2,
                           pad_token_id=lm.tokenizer.pad_token_id)
+
+
+class Person(BaseModel):
+    name: str
+    age: int
+    city: str
+
+
+def test_a_string_the_model_leaves_open_is_ended_as_in_our_decoder(lm):
+    prompt = "Ada Lovelace was 36 and lived in London. Extract the person."
+    compiled = cs.compile(Person, lm.tokenizer)
+    inputs = encode(lm, [prompt])
+    texts = {}
+    for guard in (False, True):
+        kwargs = constrained(compiled, string_guard=guard)
+        out = lm.model.generate(**inputs, **kwargs, max_new_tokens=40, do_sample=False,
+                                pad_token_id=lm.tokenizer.pad_token_id)
+        texts[guard] = lm.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+        assert len(kwargs["logits_processor"][0]._scans[0] or {}) <= 1  # only the last step's rows are kept
+    assert '"London }' in texts[False]  # swallowed without the guard, to max_new_tokens
+    assert texts[True].endswith('"London" }') and Person.model_validate_json(texts[True]).city == "London"
+    ours = cs.Generator(lm, draft=None, loop_guard=False).generate(prompt, schema=Person, max_tokens=40)
+    assert texts[True] == ours.text  # the same guard as the engine's
