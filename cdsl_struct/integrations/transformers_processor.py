@@ -149,13 +149,15 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         """The string guard's moves on the masked ``scores`` of the live rows (``decoding.strings``)."""
         moves = StringMoves()
         current: list[dict[tuple[int, ...], JsonScan] | None] = [None if s is None else {} for s in self._scans]
+        # a parent a single child follows moves to it, uncopied
+        uses = Counter((group, key[:-1]) for group, key in {(self._group(i), key) for i, key in enumerate(keys)})
         for i, key in enumerate(keys):
             group = self._group(i)
             scans = current[group]
             if scans is None:
                 continue
             if key not in scans:
-                scans[key] = _scan_of(self._scans[group], key, self.constraints[group])
+                scans[key] = _scan_of(self._scans[group], key, self.constraints[group], uses, group)
             if i not in skipped:
                 add_position(moves, scans[key], i)
         self._scans = current  # the scans of this step's rows only, as ``_states``
@@ -196,15 +198,19 @@ class ConstraintLogitsProcessor(LogitsProcessor):
         return max(c.vocab_size for c in self.constraints)
 
 
-def _scan_of(previous: dict[tuple[int, ...], JsonScan], key: tuple[int, ...],
-             constraint: CompiledConstraint) -> JsonScan:
+def _scan_of(previous: dict[tuple[int, ...], JsonScan], key: tuple[int, ...], constraint: CompiledConstraint,
+             uses: Counter, group: int) -> JsonScan:
     """The string guard's scan of a row's tokens ``key``: the step before's (the same tokens), or its
-    parent's copied (a beam's parent may have several children) and fed the last token, or a new one
+    parent's (copied while another child of it still needs it: beams) fed the last token, or a new one
     fed them all."""
     if key in previous:
         return previous[key]
     parent = previous.get(key[:-1]) if key else None
-    scan = parent.copy() if parent is not None else new_scan(constraint.spec)
+    if parent is None:
+        scan = new_scan(constraint.spec)
+    else:
+        uses[group, key[:-1]] -= 1
+        scan = parent if uses[group, key[:-1]] == 0 else parent.copy()
     for token in key[-1:] if parent is not None else key:
         feed_token(scan, constraint.vocabulary, token)
     return scan

@@ -169,3 +169,29 @@ def test_a_string_the_model_leaves_open_is_ended_as_in_our_decoder(lm):
     assert texts[True].endswith('"London" }') and Person.model_validate_json(texts[True]).city == "London"
     ours = cs.Generator(lm, draft=None, loop_guard=False).generate(prompt, schema=Person, max_tokens=40)
     assert texts[True] == ours.text  # the same guard as the engine's
+
+
+def test_each_beams_string_scan_is_its_own_tokens(lm):
+    """Rows that share a parent (beams), in two groups with the same tokens: every row's scan equals a
+    scan fed its own tokens from the start, however the rows branch from step to step."""
+    from cdsl_struct.decoding.strings import feed_token, new_scan
+
+    compiled = cs.compile(Person, lm.tokenizer)
+    processor = ConstraintLogitsProcessor([compiled, compiled])
+    vocab = compiled.vocabulary
+    start = vocab.encode('{"name": "Ad')
+    prompt = torch.zeros(4, 3, dtype=torch.long)
+    steps = [[start[:1]] * 4, [start[:2]] * 4, [start[:3], start[:2] + [9], start[:3], start[:3]],
+             [start[:4], start[:3] + [7], start[:4], start[:3] + [7]]]
+    for rows in steps:
+        ids = torch.cat([prompt, torch.tensor(rows)], dim=1)
+        processor(ids, torch.zeros(4, compiled.vocab_size))
+        for group, scans in enumerate(processor._scans):
+            for key, scan in scans.items():
+                fresh = new_scan(compiled.spec)
+                for token in key:
+                    feed_token(fresh, vocab, token)
+                assert (scan.containers, scan.in_string, scan.key, scan.inner) == \
+                    (fresh.containers, fresh.in_string, fresh.key, fresh.inner), (group, key)
+        assert len({id(scan) for scans in processor._scans for scan in scans.values()}) == \
+            sum(len(scans) for scans in processor._scans)  # no two rows share a scan
