@@ -230,7 +230,7 @@ def reads_json(spec: Any) -> bool:
     """Whether outputs under ``spec`` hold JSON the string guard reads: JSON from the first byte (a
     ``JsonSchema``'s answer, an output type's value: ``ConstraintSpec.writes_json``) or a tool request's
     calls (``CallScan``)."""
-    return spec.writes_json or isinstance(spec, ToolCallsGrammar)
+    return getattr(spec, "writes_json", False) or isinstance(spec, ToolCallsGrammar)  # ReasoningSpec wraps one
 
 
 def new_scan(spec: Any) -> JsonScan:
