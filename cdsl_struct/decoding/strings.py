@@ -45,6 +45,7 @@ from ..tools.grammar import ToolCallsGrammar
 _QUOTE, _BACKSLASH, _COLON, _COMMA, _ANGLE = b'"'[0], b"\\"[0], b":"[0], b","[0], b"<"[0]
 _OPENING, _CLOSING = frozenset(b"{["), frozenset(b"}]")
 _OBJECT = b"{"[0]
+_SPACE = frozenset(b" \t\r\n")
 
 
 @dataclass
@@ -61,6 +62,8 @@ class JsonScan:
     fed: int = 0
     markup: bool = False
     """The open string holds a ``<``: a ``</`` in it may close a tag of its own."""
+    value_next: bool = False
+    """Outside strings, the last byte that is not whitespace starts a value: ``[``, ``:``, an array's ``,``."""
     calls = False
     """Whether this scan reads a tool request's output (``CallScan``)."""
 
@@ -80,20 +83,30 @@ class JsonScan:
                     self.inner -= 1
                 elif byte == _ANGLE:
                     self.markup = True
-            elif byte == _QUOTE:
-                self.in_string, self.inner, self.markup = True, 0, False
-                self.key = self.key_next and bool(self.containers) and self.containers[-1] == _OBJECT
-            elif byte in _OPENING:
-                self.containers.append(byte)
-                self.key_next = byte == _OBJECT
-            elif byte in _CLOSING:
-                if self.containers:
-                    self.containers.pop()
-                self.key_next = False
-            elif byte == _COLON:
-                self.key_next = False
-            elif byte == _COMMA:
-                self.key_next = bool(self.containers) and self.containers[-1] == _OBJECT
+            elif byte in _SPACE:
+                continue
+            else:
+                self._structure(byte)
+
+    def _structure(self, byte: int) -> None:
+        """Follow one byte outside strings that is not whitespace."""
+        self.value_next = False
+        if byte == _QUOTE:
+            self.in_string, self.inner, self.markup = True, 0, False
+            self.key = self.key_next and bool(self.containers) and self.containers[-1] == _OBJECT
+        elif byte in _OPENING:
+            self.containers.append(byte)
+            self.key_next = byte == _OBJECT
+            self.value_next = not self.key_next
+        elif byte in _CLOSING:
+            if self.containers:
+                self.containers.pop()
+            self.key_next = False
+        elif byte == _COLON:
+            self.key_next, self.value_next = False, True
+        elif byte == _COMMA:
+            self.key_next = bool(self.containers) and self.containers[-1] == _OBJECT
+            self.value_next = not self.key_next
 
     @property
     def value_open(self) -> bool:
@@ -104,8 +117,8 @@ class JsonScan:
 
     @property
     def value_may_start(self) -> bool:
-        """Whether a string may open here: inside JSON, outside any string (the mask says whether one may)."""
-        return not self.in_string and bool(self.containers)
+        """Whether a value (a string among them) may start here: after ``[``, ``:`` or an array's ``,``."""
+        return not self.in_string and self.value_next
 
     @property
     def tag_open(self) -> bool:

@@ -120,7 +120,8 @@ def test_a_step_moves_exactly_at_the_positions_inside_a_value(vocab_of):
     assert string_moves(session, proposed[2:], start=0).rows == [row - 12 for row in rows if row >= 12]
     assert not string_moves(session, proposed, start=0).tag_rows  # ``</`` ends nothing in a schema's answer
     starts = string_moves(session, proposed[2:], start=0).start_rows  # where a string may open: outside one
-    assert starts == [i for i, text in enumerate(texts[2:]) if text.count('"') % 2 == 0]
+    assert starts == [i for i, text in enumerate(texts[2:]) if text.count('"') % 2 == 0 and text.rstrip()[-1] == ":"]
+    assert starts  # after ``"x":`` (a value may start), not after a key or a value
     assert guarded(session)
     assert not guarded(SimpleNamespace(compiled=compile(Regex("[a-z]+"), vocabulary)))
     # an output type that writes JSON: ``list[str]`` is an Outlines regex of a JSON array
@@ -170,8 +171,10 @@ def test_guarding_one_position_of_a_program(vocab_of):
     guard_strings(session, vocabulary.encode("don"), row, last_only=True)  # inside the value: moved
     assert row[tokens.closers].eq(-float("inf")).all() and row[tokens.quote] > 0
     row = torch.zeros_like(row)
-    guard_strings(session, vocabulary.encode('don", "x": 1'), row, last_only=True)  # outside it: the closers kept
-    assert row[tokens.closers].eq(0).all() and row[tokens.opens].eq(-float("inf")).all()  # ``"]`` only opens
+    guard_strings(session, vocabulary.encode('don", "x": 1'), row, last_only=True)  # outside it: untouched
+    assert row.eq(0).all()
+    guard_strings(session, vocabulary.encode('don", "x":'), row, last_only=True)  # a value may start: ``"]`` ends
+    assert row[tokens.closers].eq(0).all() and row[tokens.opens].eq(-float("inf")).all()
     assert row[tokens.quote] > 0 and (row == 0).sum() == row.numel() - len(tokens.opens) - 1
 
 
