@@ -22,9 +22,10 @@ Tool calls are guarded too: their arguments are JSON inside the call format (``t
 and a small model leaves a string argument open the same way, or writes the call's closing marker
 into it (``"subject": "Hi,</tool_call>x.com"``: SmolLM2 learned hermes's ``</tool_call>``). There,
 tokens that open with ``</`` move onto the quote as well, in a string that holds no ``<`` of its own.
+So are a structural tag's JSON contents (``<city>{"name": "Paris</city>``).
 
 ``JsonScan`` follows a JSON text byte by byte (an answer that is JSON from its first byte, no reasoning
-before it), ``CallScan`` the JSON inside a tool request's output; ``string_moves`` finds a step's
+before it), ``MarkedScan`` the JSON inside a tool request's output; ``string_moves`` finds a step's
 positions to move; ``move_to_quote`` moves them, after the masks, in a few ops over all of them.
 """
 
@@ -39,6 +40,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..constraints.specs import JsonSchema
+from ..constraints.structural_tag import StructuralTag
 from ..constraints.vocabulary import TokenVocabulary
 from ..tools.grammar import ToolCallsGrammar
 
@@ -46,6 +49,7 @@ _QUOTE, _BACKSLASH, _COLON, _COMMA, _ANGLE = b'"'[0], b"\\"[0], b":"[0], b","[0]
 _OPENING, _CLOSING = frozenset(b"{["), frozenset(b"}]")
 _OBJECT = b"{"[0]
 _SPACE = frozenset(b" \t\r\n")
+_STARTS = frozenset(b'{["')
 
 
 @dataclass
@@ -64,8 +68,8 @@ class JsonScan:
     """The open string holds a ``<``: a ``</`` in it may close a tag of its own."""
     value_next: bool = False
     """Outside strings, the last byte that is not whitespace starts a value: ``[``, ``:``, an array's ``,``."""
-    calls = False
-    """Whether this scan reads a tool request's output (``CallScan``)."""
+    marked = False
+    """Whether this scan reads JSON after markers (``MarkedScan``: tool calls, structural tags)."""
 
     def feed(self, data: bytes) -> None:
         """Follow ``data``, the next bytes of the text."""
@@ -122,53 +126,59 @@ class JsonScan:
 
     @property
     def tag_open(self) -> bool:
-        """Whether a call's string argument is open (``value_open``) with no ``<`` of its own: where a
-        ``</`` would end the call rather than close a tag the string opened."""
-        return self.calls and self.value_open and not self.markup
+        """Whether a string value after a marker is open (``value_open``) with no ``<`` of its own: where a
+        ``</`` would end the call or tag rather than close a tag the string opened."""
+        return self.marked and self.value_open and not self.markup
 
     def copy(self) -> JsonScan:
         return dataclasses.replace(self, containers=list(self.containers))
 
 
 @dataclass
-class CallScan(JsonScan):
-    """``JsonScan`` over a tool request's output (``tools.grammar``): the JSON of each call, found after
-    the format's ``trigger`` (from the trigger itself where a call's JSON starts with it, llama3's
-    ``{"name": "``), and an answer format's JSON (``armed`` from the start); the free text and the
-    format's markers around them are not read as JSON."""
+class MarkedScan(JsonScan):
+    """``JsonScan`` over an output whose JSON follows markers in free text: a tool request's calls
+    (``tools.grammar``: after the format's trigger, or from the trigger itself where a call's JSON starts
+    with it, llama3's ``{"name": "``; an answer format's JSON from the start, ``armed``) and a structural
+    tag's JSON contents (after a JSON tag's begin; ``rearm`` off: free text follows each). The text and
+    the markers around the JSON are not read as JSON."""
 
-    trigger: bytes = b""
+    triggers: tuple[bytes, ...] = ()
     json_trigger: bool = False
-    """The trigger is the first bytes of a call's JSON."""
+    """A trigger is the first bytes of the JSON."""
     armed: bool = False
-    """A ``{`` outside JSON starts one: after the trigger, or from the start with an answer format."""
+    """The next ``{``, ``[`` or ``"`` outside JSON starts a JSON value: after a trigger, or from the start
+    with an answer format."""
+    rearm: bool = True
+    """Armed again after each JSON value (a call's format goes on to the next call)."""
     outside: bool = True
     seen: bytes = b""
-    """Outside JSON and not armed: the last bytes, where the trigger is looked for."""
-    calls = True
+    """Outside JSON and not armed: the last bytes, where the triggers are looked for."""
+    marked = True
 
     def feed(self, data: bytes) -> None:
         for at in range(len(data)):
             byte = data[at:at + 1]
             if not self.outside:
                 super().feed(byte)
-                self.outside = not self.containers and not self.in_string
-            elif self.armed and byte[0] == _OBJECT:
+                if not self.containers and not self.in_string:
+                    self.outside, self.armed = True, self.rearm
+            elif self.armed and byte[0] in _STARTS:
                 self.outside = False
                 super().feed(byte)
             elif not self.armed:
-                self.seen = (self.seen + byte)[-len(self.trigger):]
-                if self.seen == self.trigger:
-                    self.armed = True
+                self.seen = (self.seen + byte)[-max(map(len, self.triggers), default=1):]
+                trigger = next((t for t in self.triggers if self.seen.endswith(t)), None)
+                if trigger is not None:
+                    self.armed, self.seen = True, b""
                     if self.json_trigger:
                         self.outside = False
-                        super().feed(self.trigger)
+                        super().feed(trigger)
 
 
 @dataclass(frozen=True)
 class StringTokens:
     """A vocabulary's closing quote, the tokens that open with a closing bracket (``closers``) and those
-    that open with ``</`` (``tags``, moved in tool calls only), each after any whitespace."""
+    that open with ``</`` (``tags``, moved after markers only), each after any whitespace."""
 
     quote: int
     closers: torch.Tensor
@@ -241,18 +251,26 @@ def guarded(session: Any) -> bool:
 
 def reads_json(spec: Any) -> bool:
     """Whether outputs under ``spec`` hold JSON the string guard reads: JSON from the first byte (a
-    ``JsonSchema``'s answer, an output type's value: ``ConstraintSpec.writes_json``) or a tool request's
-    calls (``CallScan``)."""
+    ``JsonSchema``'s answer, an output type's value: ``ConstraintSpec.writes_json``), a tool request's
+    calls, or a structural tag's JSON contents (``MarkedScan``)."""
+    if isinstance(spec, StructuralTag):
+        return bool(_json_begins(spec))
     return getattr(spec, "writes_json", False) or isinstance(spec, ToolCallsGrammar)  # ReasoningSpec wraps one
 
 
 def new_scan(spec: Any) -> JsonScan:
     """A scan of an output under ``spec`` from its first byte (``guarded`` specs)."""
+    if isinstance(spec, StructuralTag):
+        return MarkedScan(triggers=_json_begins(spec), rearm=False)
     if not isinstance(spec, ToolCallsGrammar):
         return JsonScan()
     fmt = spec.request.format
-    return CallScan(trigger=fmt.trigger.encode(), json_trigger=fmt.trigger_in_call,
-                    armed=spec.answer_format is not None and spec.request.mode != "call")
+    return MarkedScan(triggers=(fmt.trigger.encode(),), json_trigger=fmt.trigger_in_call,
+                      armed=spec.answer_format is not None and spec.request.mode != "call")
+
+
+def _json_begins(spec: StructuralTag) -> tuple[bytes, ...]:
+    return tuple(tag.begin.encode() for tag in spec.tags if isinstance(tag.content, JsonSchema))
 
 
 def string_moves(session: Any, tokens: Sequence[int], start: int) -> StringMoves:
@@ -286,8 +304,8 @@ def add_position(moves: StringMoves, scan: JsonScan, row: int) -> None:
 
 
 def feed_token(scan: JsonScan, vocab: TokenVocabulary, token: int) -> None:
-    """A call's markers may be special tokens (Qwen's ``<tool_call>``): a ``CallScan`` reads their text."""
-    if token not in vocab.eos_token_ids and (scan.calls or token not in vocab.special_ids):
+    """A call's markers may be special tokens (Qwen's ``<tool_call>``): a ``MarkedScan`` reads their text."""
+    if token not in vocab.eos_token_ids and (scan.marked or token not in vocab.special_ids):
         scan.feed(vocab.token_bytes[token])
 
 

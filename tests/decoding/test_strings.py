@@ -13,13 +13,14 @@ from cdsl_struct.api import Generator
 from cdsl_struct.constraints import JsonSchema, Regex, compile
 from cdsl_struct.constraints.mask import allocate_bitmask, apply_bitmask
 from cdsl_struct.decoding.strings import (
-    CallScan,
     JsonScan,
+    MarkedScan,
     StringMoves,
     guard_strings,
     guarded,
     move_to_quote,
     new_scan,
+    reads_json,
     string_moves,
     string_tokens,
 )
@@ -229,7 +230,7 @@ def test_a_calls_scan_reads_only_the_calls_json_in_every_format(name):
                                ("auto", "", {"type": "object"})):
         request = tool_request(_TOOLS, "required" if mode == "call" else "auto", tool_format=fmt)
         scan = new_scan(ToolCallsGrammar(request, answer_format=answer))
-        assert isinstance(scan, CallScan)
+        assert isinstance(scan, MarkedScan)
         text, spans = _calls_text(fmt, free, calls)
         for end, char in enumerate(text):
             inside = next((text[start:end] for start, stop in spans if start <= end < stop), None)
@@ -317,3 +318,27 @@ def test_an_argument_the_model_ends_with_the_calls_closing_tag_is_ended_there(sm
     assert arguments["to"] == "tom@x.org" and not any("<" in value for value in arguments.values()), arguments
     fast = Generator(smollm2).generate(prompt, method="speculative", **options)  # the same tokens, speculating
     assert fast.text == ended.text
+
+
+def test_a_structural_tags_json_contents_are_read_and_nothing_else():
+    from cdsl_struct.constraints.structural_tag import StructuralTag, Tag
+
+    spec = StructuralTag([Tag("<city>", {"type": "object"}, "</city>"), Tag("<n>", Regex(r'[0-9{"]+'), "</n>"),
+                          Tag("<say>", {"type": "string"}, "</say>")])
+    assert reads_json(spec) and not reads_json(StructuralTag([Tag("<n>", Regex("[0-9]+"), "</n>")]))
+    pieces = ['Note {"x": "y and <n>', '1{"2', '</n> then <city>', '{"name": "Pa]ris", "k": ["<b>"]}',
+              '</city> and <say>', '"hello there"', "</say> bye"]
+    text, spans, at = "".join(pieces), [], 0
+    for i, piece in enumerate(pieces):
+        if i in (3, 5):  # the JSON contents
+            spans.append((at, at + len(piece)))
+        at += len(piece)
+    scan = new_scan(spec)
+    for end, char in enumerate(text):
+        inside = next((text[start:end] for start, stop in spans if start <= end < stop), None)
+        top_string = inside is not None and inside.startswith('"') and inside.count('"') % 2 == 1
+        expected = inside is not None and (_value_open(inside) or top_string)
+        assert scan.value_open == expected, text[:end]
+        assert scan.tag_open == (expected and "<" not in (_open_string(inside) if not top_string else inside)), \
+            text[:end]
+        scan.feed(char.encode())
