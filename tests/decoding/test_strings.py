@@ -185,11 +185,11 @@ def test_the_move_on_a_gpu_equals_the_cpus_and_never_waits_for_it(vocab_of):
     logits = torch.randn(6, 49152, generator=torch.Generator().manual_seed(2))
     logits[3, tokens.quote] = -float("inf")  # a row whose quote the mask refused
     on_host = logits.clone()
-    move_to_quote(on_host, StringMoves([0, 3, 5], [3, 5]), tokens)
+    move_to_quote(on_host, StringMoves([0, 3, 5], [3, 5], [1, 2]), tokens)
     on_card = logits.cuda()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        move_to_quote(on_card, StringMoves([0, 3, 5], [3, 5]), tokens)
+        move_to_quote(on_card, StringMoves([0, 3, 5], [3, 5], [1, 2]), tokens)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert torch.allclose(on_card.cpu(), on_host, atol=1e-5) and torch.equal(on_card[3].cpu(), logits[3])
