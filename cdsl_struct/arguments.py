@@ -104,7 +104,7 @@ def reward_for(keywords: Keywords | None, reward: Any, prose: bool = True, json:
         rewards.append(keywords.reward(prose, json))
     if reward is not None:
         if not callable(reward):
-            raise ValueError("reward must be a Reward or a function fn(text, final) -> float")
+            raise InvalidArgument("reward must be a Reward or a function fn(text, final) -> float", param="reward")
         rewards.append(as_reward(reward))
     if not rewards:
         return None
@@ -116,12 +116,14 @@ def split_batch(prompt: Any) -> tuple[list[Any], bool]:
     if isinstance(prompt, str):
         return [prompt], False
     if not isinstance(prompt, Sequence) or not prompt:
-        raise ValueError("prompt must be a string, a non-empty list of messages, or a list of prompts")
+        raise InvalidArgument("prompt must be a string, a non-empty list of messages, or a list of prompts",
+                              param="prompt")
     if all(isinstance(p, dict) for p in prompt):
         return [prompt], False
     if all(isinstance(p, str) for p in prompt) or all(isinstance(p, (list, tuple)) for p in prompt):
         return list(prompt), True
-    raise ValueError("a list prompt must hold only messages (dicts), only strings, or only message lists")
+    raise InvalidArgument("a list prompt must hold only messages (dicts), only strings, or only message lists",
+                          param="prompt")
 
 
 def deprecated_shape(prompt: Any, stream: bool) -> str | None:

@@ -206,6 +206,15 @@ def test_a_keyword_sentence_does_not_end_short_while_a_word_is_missing(gen, word
     assert not (result.keywords.missing and short) or result.closed_by_budget, result.text
 
 
+def test_keywords_with_digits_and_symbols_are_written_and_reported(gen):
+    """README's keyword call with keywords that are not words: the sentence holds them as written and the
+    report says so (it said missing for "C++" in a sentence that wrote it three times)."""
+    for words in (["C++"], ["5G", "phone"]):
+        result = gen.generate("Write a sentence.", keywords=words, max_tokens=40)
+        assert result.keywords.complete, (words, result.text)
+        assert all(word in result.text for word in words), result.text
+
+
 def _row_ids(runner):
     """The engine rows whose keys (own sequence or branch) the target runner holds."""
     return {key[0] if isinstance(key, tuple) else key for key in list(runner.order)}

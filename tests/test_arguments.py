@@ -94,3 +94,22 @@ def test_a_good_request_comes_back_parsed():
 def test_read_arguments_raises_the_typed_error(kwargs, error):
     with pytest.raises(error):
         read_arguments(**kwargs)
+
+
+@pytest.mark.parametrize("prompt", [None, 5, [], [{"role": "user", "content": "hi"}, "text"]])
+def test_a_prompt_of_the_wrong_kind_is_a_typed_error_naming_it(prompt):
+    """A prompt that is no string, message list or list of prompts raised a bare ValueError, which
+    ``except cs.CdslError`` let through."""
+    from cdsl_struct.arguments import split_batch
+
+    with pytest.raises(InvalidArgument) as caught:
+        split_batch(prompt)
+    assert caught.value.param == "prompt"
+
+
+def test_a_reward_that_is_not_callable_is_a_typed_error_naming_it():
+    from cdsl_struct.arguments import reward_for
+
+    with pytest.raises(InvalidArgument) as caught:
+        reward_for(None, 5)
+    assert caught.value.param == "reward"

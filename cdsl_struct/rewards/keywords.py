@@ -12,6 +12,9 @@ _WORD = re.compile(r"[^\W\d_]+(?:['\u2019][^\W\d_]+)?")
 """A word: letters (accented ones too: "café"), with one apostrophe inside ("don't", "child's")."""
 _POSSESSIVE = ("'s", "\u2019s")
 _PHRASE_SPLIT = re.compile(r"[\s-]+")
+_NOT_OF_WORDS = re.compile(r"[^\w\s'\u2019-]|[\d_]")
+"""A character no word or phrase of ``_WORD``'s holds: a keyword with one ("C++", "5G", "COVID-19",
+"Python 3.12") is matched as written (``literal_pattern``), not by inflection."""
 _POS_SUFFIX = re.compile(r"_[A-Z]+$")
 _FILLERS = frozenset({"a", "an", "the", "and", "or", "some"})
 LIST_ITEMS = 3
@@ -54,6 +57,17 @@ def keyword_forms(word: str) -> frozenset[str]:
         return inflections(word)
     head = " ".join(parts[:-1])
     return frozenset(f"{head} {form}" for form in inflections(parts[-1]))
+
+
+def literal_pattern(keyword: str) -> re.Pattern[str] | None:
+    """How a keyword that is not made of words (``_NOT_OF_WORDS``) is found in text: as written,
+    case aside, not inside a longer run of letters and digits ("C++" in "I write c++ code", not
+    "5G" in "15G"); None for a keyword of words, which is matched in any inflection."""
+    if not _NOT_OF_WORDS.search(keyword):
+        return None
+    left = r"(?<![^\W_])" if keyword[0].isalnum() else ""
+    right = r"(?![^\W_])" if keyword[-1].isalnum() else ""
+    return re.compile(left + re.escape(keyword) + right, re.IGNORECASE)
 
 
 def _words(text: str) -> list[str]:
@@ -199,7 +213,8 @@ class KeywordCoverage(Reward):
             raise ValueError(f"max_repeats must be >= 1 or None, got {max_repeats}")
         if isinstance(hold_ending, bool) or not isinstance(hold_ending, int) or hold_ending < 0:
             raise ValueError(f"hold_ending must be a word count >= 0, got {hold_ending!r}")
-        self.words = [_POS_SUFFIX.sub("", w).lower() for w in words]
+        originals = [_POS_SUFFIX.sub("", w).strip() for w in words]
+        self.words = [w.lower() for w in originals]
         if not self.words:
             raise ValueError("KeywordCoverage needs at least one word")
         self.mode = mode
@@ -207,9 +222,15 @@ class KeywordCoverage(Reward):
         self.no_lists = no_lists
         self.hold_ending = hold_ending
         self.json_values = json_values
-        self._forms = [keyword_forms(w) for w in self.words]
+        self._literals = [literal_pattern(w) for w in self.words]
+        self._forms = [frozenset({w}) if literal else keyword_forms(w)
+                       for w, literal in zip(self.words, self._literals, strict=True)]
         # a phrase's forms as word tuples, matched in the text's word sequence
-        self._phrases = [[tuple(f.split(" ")) for f in forms if " " in f] for forms in self._forms]
+        self._phrases = [[] if literal else [tuple(f.split(" ")) for f in forms if " " in f]
+                         for forms, literal in zip(self._forms, self._literals, strict=True)]
+        # what the draft is steered to write: a literal keyword as it was given ("C++", not "c++")
+        self._spellings = [(original,) if literal else tuple(sorted(forms))
+                           for original, forms, literal in zip(originals, self._forms, self._literals, strict=True)]
         self._form_words = frozenset(w for forms in self._forms for form in forms for w in form.split(" "))
         own = frozenset().union(*self._forms)
         self.off_topic = [w.lower() for w in off_topic if not inflections(w) & own]
@@ -220,7 +241,10 @@ class KeywordCoverage(Reward):
         the order of ``words``."""
         tokens = _words(text)
         counts = []
-        for forms, phrases in zip(self._forms, self._phrases, strict=True):
+        for forms, phrases, literal in zip(self._forms, self._phrases, self._literals, strict=True):
+            if literal is not None:
+                counts.append(len(literal.findall(text)))
+                continue
             count = sum(token in forms for token in tokens)
             for phrase in phrases:
                 count += sum(tuple(tokens[i:i + len(phrase)]) == phrase for i in range(len(tokens)))
@@ -244,16 +268,16 @@ class KeywordCoverage(Reward):
     def suggestions(self, text: str) -> list[str]:
         """Every inflection of every word still missing from ``text``."""
         missing = set(self.missing(text))
-        return [form for word, forms in zip(self.words, self._forms, strict=True) if word in missing
-                for form in sorted(forms)]
+        return [form for word, forms in zip(self.words, self._spellings, strict=True) if word in missing
+                for form in forms]
 
     def spent(self, text: str) -> list[str]:
         """Every inflection of every word already written ``max_repeats`` times in ``text`` (one
         more would count against the score), and of every ``off_topic`` word (one would lose it)."""
         spent = sorted(self._off_topic_forms)
         if self.max_repeats is not None:
-            spent += [form for forms, count in zip(self._forms, self.counts(text), strict=True)
-                      if count >= self.max_repeats for form in sorted(forms)]
+            spent += [form for forms, count in zip(self._spellings, self.counts(text), strict=True)
+                      if count >= self.max_repeats for form in forms]
         return spent
 
     def failed(self, text: str) -> bool:

@@ -251,6 +251,24 @@ def test_keywords_match_phrases_possessives_and_accented_words():
     assert KeywordCoverage(["don"]).missing("I don't know.") == ["don"]
 
 
+@pytest.mark.parametrize(("keyword", "found", "not_found"), [
+    ("C++", "I write c++ and C++ code.", "I write C code."),
+    ("5G", "A 5G phone.", "A 15G phone, a 5GB card."),
+    ("COVID-19", "After covid-19 ended.", "After COVID-199 ended."),
+    ("Python 3.12", "Upgrade to python 3.12 now.", "Upgrade to Python 3.1 now."),
+    ("!!!", "Wow!!!", "Wow!!"),
+])
+def test_a_keyword_not_made_of_words_is_matched_as_written(keyword, found, not_found):
+    """Digits and symbols are no part of a word (``_WORD``): such a keyword was missing from every
+    text ("c++" read as the word "c"), so the Result said so and the steering never stopped."""
+    reward = KeywordCoverage([keyword, "dog"])
+    assert reward.counts(found)[0] >= 1 and reward.counts(not_found)[0] == 0
+    assert reward.suggestions("Hello")[0] == keyword  # the draft is steered to it as written
+    assert reward.missing(found + " A dog.") == []
+    limited = KeywordCoverage([keyword], max_repeats=1)
+    assert limited.spent(found) == [keyword] and limited.spent(not_found) == []
+
+
 def test_json_string_values_are_read_from_a_json_text_finished_or_not():
     from cdsl_struct.rewards.keywords import json_string_values
 
