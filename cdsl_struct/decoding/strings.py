@@ -24,6 +24,11 @@ into it (``"subject": "Hi,</tool_call>x.com"``: SmolLM2 learned hermes's ``</too
 tokens that open with ``</`` move onto the quote as well, in a string that holds no ``<`` of its own.
 So are a structural tag's JSON contents (``<city>{"name": "Paris</city>``).
 
+A number is ended too: past ``MAX_NUMBER_DIGITS`` digits, every token that would go on with it (a
+digit, ``.``, ``e``, a sign) is kept off where the constraint allows anything else. Asked about Paris as
+JSON, SmolLM2 wrote ``"population": 1111111100000000111111110111...`` to ``max_tokens`` (the schema
+bounds no integer), and the OpenAI client's ``parse`` raised on the budget's ``length``.
+
 ``JsonScan`` follows a JSON text byte by byte (an answer that is JSON from its first byte, no reasoning
 before it), ``MarkedScan`` the JSON inside a tool request's output; ``string_moves`` finds a step's
 positions to move; ``move_to_quote`` moves them, after the masks, in a few ops over all of them.
@@ -50,6 +55,11 @@ _OPENING, _CLOSING = frozenset(b"{["), frozenset(b"}]")
 _OBJECT = b"{"[0]
 _SPACE = frozenset(b" \t\r\n")
 _STARTS = frozenset(b'{["')
+_DIGITS, _NUMBER_STARTS = frozenset(b"0123456789"), frozenset(b"-0123456789")
+_NUMBER_BYTES = frozenset(b"0123456789.eE+-")
+MAX_NUMBER_DIGITS = 18
+"""The digits a JSON number may have before the guard ends it: every integer of 18 digits fits in 64
+bits, and a longer number from a small model is a run of digits rather than a value."""
 
 
 @dataclass
@@ -68,6 +78,10 @@ class JsonScan:
     """The open string holds a ``<``: a ``</`` in it may close a tag of its own."""
     value_next: bool = False
     """Outside strings, the last byte that is not whitespace starts a value: ``[``, ``:``, an array's ``,``."""
+    number: bool = False
+    """Outside strings, a number is being written: its last byte is one of it."""
+    digits: int = 0
+    """The digits of the number being written (or of the last one)."""
     marked = False
     """Whether this scan reads JSON after markers (``MarkedScan``: tool calls, structural tags)."""
 
@@ -88,13 +102,19 @@ class JsonScan:
                 elif byte == _ANGLE:
                     self.markup = True
             elif byte in _SPACE:
-                continue
+                self.number = False
             else:
                 self._structure(byte)
 
     def _structure(self, byte: int) -> None:
         """Follow one byte outside strings that is not whitespace."""
-        self.value_next = False
+        if byte in _NUMBER_BYTES and (self.number or byte in _NUMBER_STARTS):
+            if not self.number:
+                self.number, self.digits = True, 0
+            self.digits += byte in _DIGITS
+            self.value_next = False
+            return
+        self.number = self.value_next = False
         if byte == _QUOTE:
             self.in_string, self.inner, self.markup = True, 0, False
             self.key = self.key_next and bool(self.containers) and self.containers[-1] == _OBJECT
@@ -123,6 +143,11 @@ class JsonScan:
     def value_may_start(self) -> bool:
         """Whether a value (a string among them) may start here: after ``[``, ``:`` or an array's ``,``."""
         return not self.in_string and self.value_next
+
+    @property
+    def number_long(self) -> bool:
+        """Whether a number with ``MAX_NUMBER_DIGITS`` digits or more is being written."""
+        return self.number and self.digits >= MAX_NUMBER_DIGITS
 
     @property
     def tag_open(self) -> bool:
@@ -188,24 +213,30 @@ class StringTokens:
     opens: torch.Tensor = field(repr=False, default_factory=lambda: torch.zeros(0, dtype=torch.long))
     """The tokens that open a string with a closing bracket (``"]``, ``"}``, ``"},``)."""
     opens_np: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, dtype=np.int64))
+    digits: torch.Tensor = field(repr=False, default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    """The tokens that go on with a number: they open with a digit, ``.``, ``e``, ``E`` or a sign."""
+    digits_np: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 @dataclass
 class StringMoves:
     """A step's positions where a string value is open (``rows``), of those where a ``</`` would end a
-    call's argument (``tag_rows``), and where a string may open (``start_rows``)."""
+    call's argument (``tag_rows``), where a string may open (``start_rows``), and where a number has run
+    past ``MAX_NUMBER_DIGITS`` (``number_rows``)."""
 
     rows: list[int] = field(default_factory=list)
     tag_rows: list[int] = field(default_factory=list)
     start_rows: list[int] = field(default_factory=list)
+    number_rows: list[int] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.rows or self.start_rows)
+        return bool(self.rows or self.start_rows or self.number_rows)
 
     def __iadd__(self, other: StringMoves) -> StringMoves:
         self.rows += other.rows
         self.tag_rows += other.tag_rows
         self.start_rows += other.start_rows
+        self.number_rows += other.number_rows
         return self
 
 
@@ -219,9 +250,10 @@ def string_tokens(vocabulary: TokenVocabulary) -> StringTokens | None:
         closers = [t for t in found if vocab.token_bytes[t].lstrip(b" \t\r\n")[:1] in (b"}", b"]")]
         tags = [t for t in found if vocab.token_bytes[t].lstrip(b" \t\r\n").startswith(b"</")]
         opens = [t for t in found if _opens_with_closer(vocab.token_bytes[t])]
+        digits = [t for t in _starting(vocab.token_bytes, _NUMBER_BYTES) if t not in skipped]
         if quote is None or not closers:
             return None
-        return StringTokens(quote, *_both(closers), *_both(tags), *_both(opens))
+        return StringTokens(quote, *_both(closers), *_both(tags), *_both(opens), *_both(digits))
 
     return vocabulary.engine_object("string-guard", build)
 
@@ -230,6 +262,11 @@ def _opens_with_closer(raw: bytes) -> bool:
     """``"]``, ``"}``, `` "},``: a quote, then a closing bracket (whitespace around either)."""
     rest = raw.lstrip(b" \t\r\n")
     return rest[:1] == b'"' and rest[1:].lstrip(b" \t\r\n")[:1] in (b"}", b"]")
+
+
+def _starting(token_bytes: Sequence[bytes], first: frozenset[int]) -> list[int]:
+    """The tokens whose first byte is one of ``first``."""
+    return [t for t, raw in enumerate(token_bytes) if raw and raw[0] in first]
 
 
 def _both(ids: list[int]) -> tuple[torch.Tensor, np.ndarray]:
@@ -301,6 +338,8 @@ def add_position(moves: StringMoves, scan: JsonScan, row: int) -> None:
             moves.tag_rows.append(row)
     elif scan.value_may_start:
         moves.start_rows.append(row)
+    elif scan.number_long:
+        moves.number_rows.append(row)
 
 
 def feed_token(scan: JsonScan, vocab: TokenVocabulary, token: int) -> None:
@@ -312,12 +351,32 @@ def feed_token(scan: JsonScan, vocab: TokenVocabulary, token: int) -> None:
 def move_to_quote(logits: torch.Tensor | np.ndarray, moves: StringMoves, tokens: StringTokens) -> None:
     """At each of ``moves.rows`` of masked ``logits`` whose quote is allowed, move the closers'
     probability onto the quote (and the ``</`` tokens' at ``moves.tag_rows``; at ``moves.start_rows``,
-    the ``opens``'), in place (numpy rows where the logits are host memory)."""
+    the ``opens``'); at ``moves.number_rows``, keep the number's ``digits`` off where any other token is
+    allowed. In place (numpy rows where the logits are host memory)."""
     if moves.tag_rows and len(tokens.tags_np):
         _move(logits, moves.tag_rows, tokens.quote, tokens.tags, tokens.tags_np)
     _move(logits, moves.rows, tokens.quote, tokens.closers, tokens.closers_np)
     if moves.start_rows and len(tokens.opens_np):
         _move(logits, moves.start_rows, tokens.quote, tokens.opens, tokens.opens_np)
+    if moves.number_rows and len(tokens.digits_np):
+        _keep_off(logits, moves.number_rows, tokens.digits, tokens.digits_np)
+
+
+def _keep_off(logits: torch.Tensor | np.ndarray, rows: Sequence[int], index: torch.Tensor, index_np: np.ndarray
+              ) -> None:
+    """Set ``index``'s logits to -inf at each of ``rows`` where a token outside it stays allowed."""
+    if isinstance(logits, np.ndarray):
+        at = np.asarray(rows, dtype=np.int64)
+        kept = logits[at[:, None], index_np]
+        logits[at[:, None], index_np] = -np.inf
+        logits[at[:, None], index_np] = np.where(np.isfinite(logits[at].max(axis=1))[:, None], -np.inf, kept)
+        return
+    at = torch.tensor(rows, dtype=torch.long).to(logits.device, non_blocking=True)
+    index = index.to(logits.device, non_blocking=True)
+    kept = logits[at[:, None], index]
+    logits[at[:, None], index] = float("-inf")
+    others = torch.isfinite(logits[at].amax(dim=1))
+    logits[at[:, None], index] = torch.where(others[:, None], float("-inf"), kept)
 
 
 def _move(logits: torch.Tensor | np.ndarray, rows: Sequence[int], quote_id: int, closers_index: torch.Tensor,
@@ -354,5 +413,6 @@ def guard_strings(session: Any, tokens: Sequence[int], masked: torch.Tensor, las
     moves = string_moves(session, tokens, 0)
     if last_only:
         last = len(tokens)
-        moves = StringMoves(*([0] if last in rows else [] for rows in (moves.rows, moves.tag_rows, moves.start_rows)))
+        moves = StringMoves(*([0] if last in rows else []
+                              for rows in (moves.rows, moves.tag_rows, moves.start_rows, moves.number_rows)))
     move_to_quote(masked.view(-1, masked.shape[-1]), moves, tokens_of)

@@ -13,6 +13,7 @@ from cdsl_struct.api import Generator
 from cdsl_struct.constraints import JsonSchema, Regex, compile
 from cdsl_struct.constraints.mask import allocate_bitmask, apply_bitmask
 from cdsl_struct.decoding.strings import (
+    MAX_NUMBER_DIGITS,
     JsonScan,
     MarkedScan,
     StringMoves,
@@ -179,17 +180,74 @@ def test_guarding_one_position_of_a_program(vocab_of):
     assert row[tokens.quote] > 0 and (row == 0).sum() == row.numel() - len(tokens.opens) - 1
 
 
+@pytest.mark.parametrize(("text", "number", "digits"), [
+    ('{"a": -12', True, 2), ('{"a": -1.5e+10', True, 4), ('{"a": 12, ', False, 2), ('{"a": 12 ', False, 2),
+    ('{"a": true', False, 0), ('{"a": "1234', False, 0), ('[1, 22, 333', True, 3), ('{"e": 7}', False, 1),
+])
+def test_the_scan_counts_the_digits_of_the_number_being_written(text, number, digits):
+    scan = JsonScan()
+    scan.feed(text.encode())
+    assert (scan.number, scan.digits) == (number, digits)
+    assert not scan.number_long
+    scan.feed(b"9" * MAX_NUMBER_DIGITS)
+    assert scan.number_long == (not scan.in_string), text  # a string's digits are text
+
+
+def test_a_long_numbers_digits_are_kept_off_only_where_something_else_is_allowed(vocab_of):
+    vocabulary = vocab_of("smollm2")
+    tokens = string_tokens(vocabulary)
+    compiled = compile(JsonSchema({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}),
+                       vocabulary)
+    session = SimpleNamespace(compiled=compiled, output=vocabulary.encode('{"n": ' + "1" * MAX_NUMBER_DIGITS),
+                              json_scan=None)
+    assert string_moves(session, [], start=0).number_rows == [0]
+    state = compiled.new_state()
+    state.advance(session.output)
+    mask = allocate_bitmask(compiled.vocab_size)
+    state.fill_mask(mask)
+    logits = torch.randn(2, compiled.vocab_size, generator=torch.Generator().manual_seed(3))
+    apply_bitmask(logits, torch.stack([mask, mask]))
+    only_digits = torch.full_like(logits[1], float("-inf"))
+    only_digits[tokens.digits] = logits[1, tokens.digits]
+    logits[1] = only_digits  # a mask that lets the number only go on (a minimum it has not reached)
+    guarded_rows, host = logits.clone(), logits.clone().numpy()
+    move_to_quote(guarded_rows, StringMoves(number_rows=[0, 1]), tokens)
+    move_to_quote(host, StringMoves(number_rows=[0, 1]), tokens)
+    assert torch.equal(torch.from_numpy(host), guarded_rows)
+    ending = torch.isfinite(guarded_rows[0]).nonzero().flatten().tolist()
+    assert ending and all(vocabulary.token_bytes[t][:1] not in b"0123456789.eE+-" for t in ending)  # ", }"
+    assert torch.isfinite(logits[0, tokens.digits]).any()  # digits were allowed there, and are off now
+    assert torch.isfinite(logits[1]).any() and torch.equal(guarded_rows[1], logits[1])  # nothing else: unchanged
+
+
+class _City(BaseModel):
+    name: str
+    country: str
+    population: int
+
+
+def test_a_number_the_model_runs_on_with_is_ended(smollm2, one_torch_thread):
+    """``"population": 1111111100000000111111110111...`` to ``max_tokens`` without the guard."""
+    prompt = "Tell me about Paris as JSON."
+    bare = Generator(smollm2, draft=None, string_guard=False).generate(prompt, schema=_City, max_tokens=60)
+    assert bare.finish_reason == "length" and len(str(bare.value.population)) > MAX_NUMBER_DIGITS  # closed late
+    ended = Generator(smollm2, draft=None).generate(prompt, schema=_City, max_tokens=60)
+    assert ended.finish_reason == "stop" and len(str(ended.value.population)) == MAX_NUMBER_DIGITS
+    fast = Generator(smollm2).generate(prompt, schema=_City, max_tokens=60, method="speculative")
+    assert fast.text == ended.text
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (benchmarks/gpu_check.sh runs it)")
 def test_the_move_on_a_gpu_equals_the_cpus_and_never_waits_for_it(vocab_of):
     tokens = string_tokens(vocab_of("smollm2"))
     logits = torch.randn(6, 49152, generator=torch.Generator().manual_seed(2))
     logits[3, tokens.quote] = -float("inf")  # a row whose quote the mask refused
     on_host = logits.clone()
-    move_to_quote(on_host, StringMoves([0, 3, 5], [3, 5], [1, 2]), tokens)
+    move_to_quote(on_host, StringMoves([0, 3, 5], [3, 5], [1, 2], [4]), tokens)
     on_card = logits.cuda()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        move_to_quote(on_card, StringMoves([0, 3, 5], [3, 5], [1, 2]), tokens)
+        move_to_quote(on_card, StringMoves([0, 3, 5], [3, 5], [1, 2], [4]), tokens)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert torch.allclose(on_card.cpu(), on_host, atol=1e-5) and torch.equal(on_card[3].cpu(), logits[3])

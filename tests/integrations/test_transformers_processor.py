@@ -171,6 +171,26 @@ def test_a_string_the_model_leaves_open_is_ended_as_in_our_decoder(lm):
     assert texts[True] == ours.text  # the same guard as the engine's
 
 
+def test_a_number_the_model_runs_on_with_is_ended_as_in_our_decoder(lm):
+    from pydantic import BaseModel
+
+    from cdsl_struct.decoding.strings import MAX_NUMBER_DIGITS
+
+    class City(BaseModel):
+        name: str
+        country: str
+        population: int
+
+    prompt = "Tell me about Paris as JSON."
+    inputs = encode(lm, [prompt])
+    out = lm.model.generate(**inputs, **constrained(cs.compile(City, lm.tokenizer)), max_new_tokens=60,
+                            do_sample=False, pad_token_id=lm.tokenizer.pad_token_id)
+    text = lm.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert len(str(City.model_validate_json(text).population)) == MAX_NUMBER_DIGITS
+    ours = cs.Generator(lm, draft=None, loop_guard=False).generate(prompt, schema=City, max_tokens=60)
+    assert text == ours.text
+
+
 def test_each_beams_string_scan_is_its_own_tokens(lm):
     """Rows that share a parent (beams), in two groups with the same tokens: every row's scan equals a
     scan fed its own tokens from the start, however the rows branch from step to step."""

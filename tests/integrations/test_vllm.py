@@ -107,6 +107,20 @@ def test_a_string_the_model_leaves_open_ends_where_it_moves_on(llm):
     assert '"London }' in open_  # without it, the value swallows the rest
 
 
+def test_a_number_the_model_runs_on_with_ends_past_its_digits(llm):
+    """The number guard inside vLLM: SmolLM2 writes Paris's population as digits to ``max_tokens``."""
+    from cdsl_struct.decoding.strings import MAX_NUMBER_DIGITS
+
+    city = {"type": "object", "properties": {"name": {"type": "string"}, "country": {"type": "string"},
+                                             "population": {"type": "integer"}},
+            "required": ["name", "country", "population"], "additionalProperties": False}
+    prompt = ["Tell me about Paris as JSON."]
+    (guarded, finish), = chat(llm, prompt, greedy(60, schema=city))
+    (_, open_finish), = chat(llm, prompt, greedy(60, schema=city, string_guard=False))
+    assert finish == "stop" and len(str(json.loads(guarded)["population"])) == MAX_NUMBER_DIGITS, guarded
+    assert open_finish == "length"  # without it, the digits run to max_tokens
+
+
 def test_a_schema_vllm_refuses_decodes_under_ours(llm):
     with pytest.raises(Exception, match="uniqueItems"):
         llm.chat([[{"role": "user", "content": "Pick colours as JSON."}]],
