@@ -30,6 +30,9 @@ HARNESSES: dict[str, tuple[str, str]] = {
     "tool-args": ("benchmarks.tool_args",
                   "tool calls from everyday requests: arguments right, cut, or swallowing the call's syntax; "
                   "the string guard on and off"),
+    "number-runs": ("benchmarks.number_runs",
+                    "JSON facts with unbounded numbers: answers finished or cut in a run of digits; the guard on "
+                    "and off"),
     "profile": ("benchmarks.serve_profile", "torch.profiler table of a serve-bench case run in-process"),
     "soak": ("benchmarks.soak", "many clients for many minutes mixing well-formed, hostile and disconnecting "
                                 "requests: exactly-once answers, no 5xx, flat memory"),
