@@ -302,6 +302,21 @@ def test_a_calls_scan_reads_only_the_calls_json_in_every_format(name):
     assert answer_scan.value_open and answer_scan.tag_open
 
 
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_a_calls_long_number_is_read_and_the_texts_digits_are_not(name):
+    """A number in a call's arguments is ended past ``MAX_NUMBER_DIGITS``; digits in the free text before
+    the call, or in a string argument, are text."""
+    fmt = FORMATS[name]
+    long = "7" * MAX_NUMBER_DIGITS
+    calls = [{"name": "send_email", "arguments": {"to": long, "meta": {"n": int(long)}}}]
+    text, spans = _calls_text(fmt, f"I have {long} apples ", calls)
+    scan = new_scan(ToolCallsGrammar(tool_request(_TOOLS, "auto", tool_format=fmt)))
+    number_at = text.index(f'"n": {long}') + len(f'"n": {long}')  # where the number in "meta" has all its digits
+    for end, char in enumerate(text):
+        assert scan.number_long == (end == number_at), (name, text[:end])
+        scan.feed(char.encode())
+
+
 def _open_string(prefix: str) -> str:
     """The text of the string value ``prefix`` ends in (from its opening quote)."""
     values = json_string_values(prefix)
