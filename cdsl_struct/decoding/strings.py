@@ -29,6 +29,11 @@ digit, ``.``, ``e``, a sign) is kept off where the constraint allows anything el
 JSON, SmolLM2 wrote ``"population": 1111111100000000111111110111...`` to ``max_tokens`` (the schema
 bounds no integer), and the OpenAI client's ``parse`` raised on the budget's ``length``.
 
+An array of strings that loops ends too: once ``REPEATED_ITEMS`` of its items repeat earlier ones (case,
+spaces and end punctuation aside), the probability of the tokens that would go on to another item (a
+comma, or a closing quote fused with one, ``",``) moves onto its closing bracket (or the plain quote).
+In a calendar call SmolLM2 listed ``"attendees": ["El Diablo", "El Diablo", ...`` to ``max_tokens``.
+
 ``JsonScan`` follows a JSON text byte by byte (an answer that is JSON from its first byte, no reasoning
 before it), ``MarkedScan`` the JSON inside a tool request's output; ``string_moves`` finds a step's
 positions to move; ``move_to_quote`` moves them, after the masks, in a few ops over all of them.
@@ -57,6 +62,8 @@ _SPACE = frozenset(b" \t\r\n")
 _STARTS = frozenset(b'{["')
 _DIGITS, _NUMBER_STARTS = frozenset(b"0123456789"), frozenset(b"-0123456789")
 _NUMBER_BYTES = frozenset(b"0123456789.eE+-")
+REPEATED_ITEMS = 2
+"""The items of an array of strings that may repeat earlier ones before the guard ends the array."""
 MAX_NUMBER_DIGITS = 18
 """The digits a JSON number may have before the guard ends it: every integer of 18 digits fits in 64
 bits, and a longer number from a small model is a run of digits rather than a value."""
@@ -82,6 +89,13 @@ class JsonScan:
     """Outside strings, a number is being written: its last byte is one of it."""
     digits: int = 0
     """The digits of the number being written (or of the last one)."""
+    items: list[tuple[frozenset[bytes], int] | None] = field(default_factory=list)
+    """Per open container: an array's string items so far (as ``_item_key`` reads them) and how many of
+    them repeated an earlier one; None for an object."""
+    item: bytes | None = None
+    """The bytes of the array item being written, where a string directly in an array is open."""
+    item_done: bool = False
+    """Outside strings, the last byte that is not whitespace closed a string directly in an array."""
     marked = False
     """Whether this scan reads JSON after markers (``MarkedScan``: tool calls, structural tags)."""
 
@@ -95,12 +109,17 @@ class JsonScan:
                     self.escaped = True
                 elif byte == _QUOTE:
                     self.in_string = False
+                    if self.item is not None:
+                        self._item_closed()
+                    continue
                 elif byte in _OPENING:
                     self.inner += 1
                 elif byte in _CLOSING:
                     self.inner -= 1
                 elif byte == _ANGLE:
                     self.markup = True
+                if self.item is not None:
+                    self.item += bytes((byte,))
             elif byte in _SPACE:
                 self.number = False
             else:
@@ -114,23 +133,47 @@ class JsonScan:
             self.digits += byte in _DIGITS
             self.value_next = False
             return
-        self.number = self.value_next = False
+        self.number = self.value_next = self.item_done = False
         if byte == _QUOTE:
             self.in_string, self.inner, self.markup = True, 0, False
             self.key = self.key_next and bool(self.containers) and self.containers[-1] == _OBJECT
+            self.item = b"" if self.items and self.items[-1] is not None else None
         elif byte in _OPENING:
             self.containers.append(byte)
+            self.items.append(None if byte == _OBJECT else (frozenset(), 0))
             self.key_next = byte == _OBJECT
             self.value_next = not self.key_next
         elif byte in _CLOSING:
             if self.containers:
                 self.containers.pop()
+                self.items.pop()
             self.key_next = False
         elif byte == _COLON:
             self.key_next, self.value_next = False, True
         elif byte == _COMMA:
             self.key_next = bool(self.containers) and self.containers[-1] == _OBJECT
             self.value_next = not self.key_next
+
+    def _item_closed(self) -> None:
+        seen, repeated = self.items[-1]
+        key = _item_key(self.item)
+        self.items[-1] = (seen | {key}, repeated + (key in seen))
+        self.item, self.item_done = None, True
+
+    @property
+    def looping(self) -> bool:
+        """Whether the innermost array is one of strings that repeat earlier ones (``REPEATED_ITEMS``)."""
+        return bool(self.items) and self.items[-1] is not None and self.items[-1][1] >= REPEATED_ITEMS
+
+    @property
+    def item_looping(self) -> bool:
+        """Whether an item of a string array is open that, closed here, leaves the array ``looping``: a
+        closing quote fused with the comma (``", "``) would start the next item before the array is seen
+        to loop."""
+        if self.item is None or not self.items or self.items[-1] is None:
+            return False
+        seen, repeated = self.items[-1]
+        return repeated + (_item_key(self.item) in seen) >= REPEATED_ITEMS
 
     @property
     def value_open(self) -> bool:
@@ -156,7 +199,13 @@ class JsonScan:
         return self.marked and self.value_open and not self.markup
 
     def copy(self) -> JsonScan:
-        return dataclasses.replace(self, containers=list(self.containers))
+        return dataclasses.replace(self, containers=list(self.containers), items=list(self.items))
+
+
+def _item_key(raw: bytes) -> bytes:
+    """An array item as compared with the others: case, spaces and end punctuation aside ("Denzel!",
+    " denzel")."""
+    return raw.decode("utf-8", errors="replace").casefold().strip(" .,!?;:").encode()
 
 
 @dataclass
@@ -216,6 +265,14 @@ class StringTokens:
     digits: torch.Tensor = field(repr=False, default_factory=lambda: torch.zeros(0, dtype=torch.long))
     """The tokens that go on with a number: they open with a digit, ``.``, ``e``, ``E`` or a sign."""
     digits_np: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, dtype=np.int64))
+    bracket: int | None = None
+    """The closing square bracket's own token."""
+    commas: torch.Tensor = field(repr=False, default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    """The tokens that open with a comma (after any whitespace)."""
+    commas_np: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, dtype=np.int64))
+    quote_commas: torch.Tensor = field(repr=False, default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    """The tokens that close a string and go on with a comma (``",``, ``", "``)."""
+    quote_commas_np: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 @dataclass
@@ -228,16 +285,22 @@ class StringMoves:
     tag_rows: list[int] = field(default_factory=list)
     start_rows: list[int] = field(default_factory=list)
     number_rows: list[int] = field(default_factory=list)
+    item_rows: list[int] = field(default_factory=list)
+    """An item of an array whose items repeat (``JsonScan.looping``) is open: it closes without a comma."""
+    array_rows: list[int] = field(default_factory=list)
+    """After an item of such an array: the array closes."""
 
     def __bool__(self) -> bool:
-        return bool(self.rows or self.start_rows or self.number_rows)
+        return any(getattr(self, name) for name in _MOVED)
 
     def __iadd__(self, other: StringMoves) -> StringMoves:
-        self.rows += other.rows
-        self.tag_rows += other.tag_rows
-        self.start_rows += other.start_rows
-        self.number_rows += other.number_rows
+        for name in _ALL_ROWS:
+            getattr(self, name).extend(getattr(other, name))
         return self
+
+
+_ALL_ROWS = ("rows", "tag_rows", "start_rows", "number_rows", "item_rows", "array_rows")
+_MOVED = ("rows", "start_rows", "number_rows", "item_rows", "array_rows")  # tag_rows are among rows
 
 
 def string_tokens(vocabulary: TokenVocabulary) -> StringTokens | None:
@@ -251,17 +314,27 @@ def string_tokens(vocabulary: TokenVocabulary) -> StringTokens | None:
         tags = [t for t in found if vocab.token_bytes[t].lstrip(b" \t\r\n").startswith(b"</")]
         opens = [t for t in found if _opens_with_closer(vocab.token_bytes[t])]
         digits = [t for t in _starting(vocab.token_bytes, _NUMBER_BYTES) if t not in skipped]
+        bracket = next((t for t, raw in enumerate(vocab.token_bytes) if raw == b"]" and t not in skipped), None)
+        commas = [t for t in _holding(vocab.token_bytes, rb",") if t not in skipped]
+        quote_commas = [t for t in commas if _opens_with(vocab.token_bytes[t], b'"', b",")]
+        commas = [t for t in commas if vocab.token_bytes[t].lstrip(b" \t\r\n")[:1] == b","]
         if quote is None or not closers:
             return None
-        return StringTokens(quote, *_both(closers), *_both(tags), *_both(opens), *_both(digits))
+        return StringTokens(quote, *_both(closers), *_both(tags), *_both(opens), *_both(digits), bracket,
+                            *_both(commas), *_both(quote_commas))
 
     return vocabulary.engine_object("string-guard", build)
 
 
 def _opens_with_closer(raw: bytes) -> bool:
     """``"]``, ``"}``, `` "},``: a quote, then a closing bracket (whitespace around either)."""
+    return _opens_with(raw, b'"', b"}") or _opens_with(raw, b'"', b"]")
+
+
+def _opens_with(raw: bytes, first: bytes, second: bytes) -> bool:
+    """Whether ``raw`` opens with ``first`` then ``second`` (whitespace around either)."""
     rest = raw.lstrip(b" \t\r\n")
-    return rest[:1] == b'"' and rest[1:].lstrip(b" \t\r\n")[:1] in (b"}", b"]")
+    return rest[:1] == first and rest[1:].lstrip(b" \t\r\n")[:1] == second
 
 
 def _starting(token_bytes: Sequence[bytes], first: frozenset[int]) -> list[int]:
@@ -336,10 +409,14 @@ def add_position(moves: StringMoves, scan: JsonScan, row: int) -> None:
         moves.rows.append(row)
         if scan.tag_open:
             moves.tag_rows.append(row)
+        if scan.item_looping:
+            moves.item_rows.append(row)
     elif scan.value_may_start:
         moves.start_rows.append(row)
     elif scan.number_long:
         moves.number_rows.append(row)
+    elif scan.item_done and scan.looping:
+        moves.array_rows.append(row)
 
 
 def feed_token(scan: JsonScan, vocab: TokenVocabulary, token: int) -> None:
@@ -360,6 +437,10 @@ def move_to_quote(logits: torch.Tensor | np.ndarray, moves: StringMoves, tokens:
         _move(logits, moves.start_rows, tokens.quote, tokens.opens, tokens.opens_np)
     if moves.number_rows and len(tokens.digits_np):
         _keep_off(logits, moves.number_rows, tokens.digits, tokens.digits_np)
+    if moves.item_rows and len(tokens.quote_commas_np):
+        _move(logits, moves.item_rows, tokens.quote, tokens.quote_commas, tokens.quote_commas_np)
+    if moves.array_rows and tokens.bracket is not None and len(tokens.commas_np):
+        _move(logits, moves.array_rows, tokens.bracket, tokens.commas, tokens.commas_np)
 
 
 def _keep_off(logits: torch.Tensor | np.ndarray, rows: Sequence[int], index: torch.Tensor, index_np: np.ndarray
@@ -413,6 +494,5 @@ def guard_strings(session: Any, tokens: Sequence[int], masked: torch.Tensor, las
     moves = string_moves(session, tokens, 0)
     if last_only:
         last = len(tokens)
-        moves = StringMoves(*([0] if last in rows else []
-                              for rows in (moves.rows, moves.tag_rows, moves.start_rows, moves.number_rows)))
+        moves = StringMoves(**{name: [0] if last in getattr(moves, name) else [] for name in _ALL_ROWS})
     move_to_quote(masked.view(-1, masked.shape[-1]), moves, tokens_of)

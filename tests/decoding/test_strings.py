@@ -14,6 +14,7 @@ from cdsl_struct.constraints import JsonSchema, Regex, compile
 from cdsl_struct.constraints.mask import allocate_bitmask, apply_bitmask
 from cdsl_struct.decoding.strings import (
     MAX_NUMBER_DIGITS,
+    REPEATED_ITEMS,
     JsonScan,
     MarkedScan,
     StringMoves,
@@ -220,6 +221,73 @@ def test_a_long_numbers_digits_are_kept_off_only_where_something_else_is_allowed
     assert torch.isfinite(logits[1]).any() and torch.equal(guarded_rows[1], logits[1])  # nothing else: unchanged
 
 
+def test_the_scan_counts_an_arrays_repeated_items_and_where_it_loops():
+    assert REPEATED_ITEMS == 2
+    scan = JsonScan()
+    scan.feed(b'{"a": ["Denzel!", "x", " denzel", {"k": ["x", "x"]}, "y", "x')  # the inner array counts its own
+    assert len(scan.items) == 2 and scan.items[1][1] == 1 and not scan.looping
+    assert scan.item == b"x" and scan.item_looping  # closed here, "x" would be the second repeat
+    scan.feed(b'y')
+    assert not scan.item_looping
+    scan.feed(b'", "x"')
+    assert scan.looping and scan.item_done and not scan.in_string
+    scan.feed(b" ")
+    assert scan.item_done  # whitespace keeps the place after the item
+    scan.feed(b"]")
+    assert not scan.looping and not scan.item_done and scan.items == [None]
+    keys = JsonScan()
+    keys.feed(b'{"a": 1, "a": 2, "a": 3, "b": [1, 1, 1]')  # keys and numbers are no string items
+    assert not keys.looping
+
+
+def test_a_looping_arrays_comma_moves_onto_its_bracket_and_a_fused_closing_quote_onto_the_quote(vocab_of):
+    vocabulary = vocab_of("smollm2")
+    tokens = string_tokens(vocabulary)
+    assert vocabulary.token_bytes[tokens.bracket] == b"]"
+    assert all(vocabulary.token_bytes[t].lstrip()[:1] == b"," for t in tokens.commas.tolist())
+    assert {vocabulary.encode(text)[0] for text in ('",', '", "')} <= set(tokens.quote_commas.tolist())
+    compiled = compile(JsonSchema({"type": "array", "items": {"type": "string"}}), vocabulary)
+    after, inside = vocabulary.encode('["a", "b", "a", "a"'), vocabulary.encode('["a", "b", "a", "a')
+    for output, name in ((after, "array_rows"), (inside, "item_rows")):
+        session = SimpleNamespace(compiled=compiled, output=output, json_scan=None)
+        assert getattr(string_moves(session, [], start=0), name) == [0]
+    masks = []
+    for output in (after, inside):
+        state = compiled.new_state()
+        state.advance(output)
+        mask = allocate_bitmask(compiled.vocab_size)
+        state.fill_mask(mask)
+        masks.append(mask)
+    logits = torch.randn(2, compiled.vocab_size, generator=torch.Generator().manual_seed(4))
+    apply_bitmask(logits, torch.stack(masks))
+    moves = StringMoves(array_rows=[0], item_rows=[1])
+    moved, host = logits.clone(), logits.clone().numpy()
+    move_to_quote(moved, moves, tokens)
+    move_to_quote(host, moves, tokens)
+    assert torch.allclose(torch.from_numpy(host), moved, atol=1e-5)
+    before, now = torch.softmax(logits, -1), torch.softmax(moved, -1)
+    assert torch.all(now[0, tokens.commas] == 0) and torch.all(now[1, tokens.quote_commas] == 0)
+    assert now[0, tokens.bracket] == pytest.approx(float(before[0, tokens.bracket] + before[0, tokens.commas].sum()),
+                                                   rel=1e-4)
+    assert now[1, tokens.quote] == pytest.approx(float(before[1, tokens.quote] + before[1, tokens.quote_commas].sum()),
+                                                 rel=1e-4)
+
+
+def test_a_list_the_model_loops_in_ends(smollm2, one_torch_thread):
+    """``"items": ["Bread", "Bread", "Bread", "Eggs", "Eggs", "Bread", ...`` to ``max_tokens`` before."""
+    schema = {"type": "object", "properties": {"owner": {"type": "string"},
+                                               "items": {"type": "array", "items": {"type": "string"}}},
+              "required": ["owner", "items"], "additionalProperties": False}
+    prompt = "Shopping list for Sofia: butter, beans, onions, pasta.\n\nWhat is the shopping list?"
+    looped = Generator(smollm2, draft=None, string_guard=False).generate(prompt, schema=schema, max_tokens=96)
+    assert looped.finish_reason == "length"
+    ended = Generator(smollm2, draft=None).generate(prompt, schema=schema, max_tokens=96)
+    assert ended.finish_reason == "stop" and ended.value["owner"] == "Sofia", ended.text
+    items = ended.value["items"]
+    assert len(items) - len({item.casefold() for item in items}) == REPEATED_ITEMS
+    assert Generator(smollm2).generate(prompt, schema=schema, max_tokens=96, method="speculative").text == ended.text
+
+
 class _City(BaseModel):
     name: str
     country: str
@@ -243,11 +311,12 @@ def test_the_move_on_a_gpu_equals_the_cpus_and_never_waits_for_it(vocab_of):
     logits = torch.randn(6, 49152, generator=torch.Generator().manual_seed(2))
     logits[3, tokens.quote] = -float("inf")  # a row whose quote the mask refused
     on_host = logits.clone()
-    move_to_quote(on_host, StringMoves([0, 3, 5], [3, 5], [1, 2], [4]), tokens)
+    moves = StringMoves([0, 3, 5], [3, 5], [1, 2], [4], item_rows=[0, 5], array_rows=[2])
+    move_to_quote(on_host, moves, tokens)
     on_card = logits.cuda()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        move_to_quote(on_card, StringMoves([0, 3, 5], [3, 5], [1, 2], [4]), tokens)
+        move_to_quote(on_card, moves, tokens)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert torch.allclose(on_card.cpu(), on_host, atol=1e-5) and torch.equal(on_card[3].cpu(), logits[3])

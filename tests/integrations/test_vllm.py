@@ -121,6 +121,18 @@ def test_a_number_the_model_runs_on_with_ends_past_its_digits(llm):
     assert open_finish == "length"  # without it, the digits run to max_tokens
 
 
+def test_a_list_the_model_loops_in_ends(llm):
+    """The array rule inside vLLM: SmolLM2 lists "Bread", "Bread", "Bread", "Eggs", ... to ``max_tokens``."""
+    shopping = {"type": "object", "properties": {"owner": {"type": "string"},
+                                                 "items": {"type": "array", "items": {"type": "string"}}},
+                "required": ["owner", "items"], "additionalProperties": False}
+    prompt = ["Shopping list for Sofia: butter, beans, onions, pasta.\n\nWhat is the shopping list?"]
+    (guarded, finish), = chat(llm, prompt, greedy(96, schema=shopping))
+    (_, open_finish), = chat(llm, prompt, greedy(96, schema=shopping, string_guard=False))
+    assert finish == "stop" and json.loads(guarded)["owner"] == "Sofia", guarded
+    assert open_finish == "length"
+
+
 def test_a_schema_vllm_refuses_decodes_under_ours(llm):
     with pytest.raises(Exception, match="uniqueItems"):
         llm.chat([[{"role": "user", "content": "Pick colours as JSON."}]],
