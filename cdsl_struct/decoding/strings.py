@@ -447,10 +447,12 @@ def _keep_off(logits: torch.Tensor | np.ndarray, rows: Sequence[int], index: tor
               ) -> None:
     """Set ``index``'s logits to -inf at each of ``rows`` where a token outside it stays allowed."""
     if isinstance(logits, np.ndarray):
-        at = np.asarray(rows, dtype=np.int64)
-        kept = logits[at[:, None], index_np]
-        logits[at[:, None], index_np] = -np.inf
-        logits[at[:, None], index_np] = np.where(np.isfinite(logits[at].max(axis=1))[:, None], -np.inf, kept)
+        for at in rows:  # row by row on views: a fancy-indexed copy of the rows cost ~40 us a row here
+            row = logits[at]
+            kept = row[index_np]
+            row[index_np] = -np.inf
+            if not np.isfinite(row.max()):
+                row[index_np] = kept
         return
     at = torch.tensor(rows, dtype=torch.long).to(logits.device, non_blocking=True)
     index = index.to(logits.device, non_blocking=True)
