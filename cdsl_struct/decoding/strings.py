@@ -278,8 +278,9 @@ class StringTokens:
 @dataclass
 class StringMoves:
     """A step's positions where a string value is open (``rows``), of those where a ``</`` would end a
-    call's argument (``tag_rows``), where a string may open (``start_rows``), and where a number has run
-    past ``MAX_NUMBER_DIGITS`` (``number_rows``)."""
+    call's argument (``tag_rows``), where a string may open (``start_rows``), where a number has run
+    past ``MAX_NUMBER_DIGITS`` (``number_rows``), and where an array of strings loops (``item_rows``,
+    ``array_rows``)."""
 
     rows: list[int] = field(default_factory=list)
     tag_rows: list[int] = field(default_factory=list)
@@ -429,7 +430,9 @@ def move_to_quote(logits: torch.Tensor | np.ndarray, moves: StringMoves, tokens:
     """At each of ``moves.rows`` of masked ``logits`` whose quote is allowed, move the closers'
     probability onto the quote (and the ``</`` tokens' at ``moves.tag_rows``; at ``moves.start_rows``,
     the ``opens``'); at ``moves.number_rows``, keep the number's ``digits`` off where any other token is
-    allowed. In place (numpy rows where the logits are host memory)."""
+    allowed; at ``moves.item_rows``, move a looping array's ``quote_commas`` onto the quote, and at
+    ``moves.array_rows`` its ``commas`` onto the closing bracket. In place (numpy rows where the logits are
+    host memory)."""
     if moves.tag_rows and len(tokens.tags_np):
         _move(logits, moves.tag_rows, tokens.quote, tokens.tags, tokens.tags_np)
     _move(logits, moves.rows, tokens.quote, tokens.closers, tokens.closers_np)
