@@ -138,16 +138,22 @@ class _Person(BaseModel):
     city: str
 
 
+def _without_and_with_the_guard(smollm2, prompt: str, schema, max_tokens: int):
+    """The answer without the guard and with it, and with it under speculation (prompt lookup), which must
+    choose the same tokens as target-only."""
+    bare = Generator(smollm2, draft=None, string_guard=False).generate(prompt, schema=schema, max_tokens=max_tokens)
+    ended = Generator(smollm2, draft=None).generate(prompt, schema=schema, max_tokens=max_tokens)
+    fast = Generator(smollm2).generate(prompt, schema=schema, max_tokens=max_tokens, method="speculative")
+    assert fast.text == ended.text
+    return bare, ended
+
+
 def test_a_city_the_model_leaves_open_is_ended_where_it_moves_on(smollm2, one_torch_thread):
     prompt = "Ada Lovelace was 36 and lived in London. Extract the person."
-    bare = Generator(smollm2, draft=None, string_guard=False)
-    swallowed = bare.generate(prompt, schema=_Person, max_tokens=40)
+    swallowed, ended = _without_and_with_the_guard(smollm2, prompt, _Person, 40)
     assert '"London }' in swallowed.text and swallowed.finish_reason == "length"  # the failure, without the guard
-    ended = Generator(smollm2, draft=None).generate(prompt, schema=_Person, max_tokens=40)
     assert ended.finish_reason == "stop" and ended.value.city == "London"
     assert ended.text.endswith('"London" }')
-    fast = Generator(smollm2)  # prompt lookup: speculation under the guard chooses the same tokens
-    assert fast.generate(prompt, schema=_Person, max_tokens=40, method="speculative").text == ended.text
 
 
 def test_program_rows_are_guarded_too_and_the_generator_says_whether(smollm2, one_torch_thread):
@@ -279,13 +285,11 @@ def test_a_list_the_model_loops_in_ends(smollm2, one_torch_thread):
                                                "items": {"type": "array", "items": {"type": "string"}}},
               "required": ["owner", "items"], "additionalProperties": False}
     prompt = "Shopping list for Sofia: butter, beans, onions, pasta.\n\nWhat is the shopping list?"
-    looped = Generator(smollm2, draft=None, string_guard=False).generate(prompt, schema=schema, max_tokens=96)
+    looped, ended = _without_and_with_the_guard(smollm2, prompt, schema, 96)
     assert looped.finish_reason == "length"
-    ended = Generator(smollm2, draft=None).generate(prompt, schema=schema, max_tokens=96)
     assert ended.finish_reason == "stop" and ended.value["owner"] == "Sofia", ended.text
     items = ended.value["items"]
     assert len(items) - len({item.casefold() for item in items}) == REPEATED_ITEMS
-    assert Generator(smollm2).generate(prompt, schema=schema, max_tokens=96, method="speculative").text == ended.text
 
 
 class _City(BaseModel):
@@ -296,13 +300,9 @@ class _City(BaseModel):
 
 def test_a_number_the_model_runs_on_with_is_ended(smollm2, one_torch_thread):
     """``"population": 1111111100000000111111110111...`` to ``max_tokens`` without the guard."""
-    prompt = "Tell me about Paris as JSON."
-    bare = Generator(smollm2, draft=None, string_guard=False).generate(prompt, schema=_City, max_tokens=60)
+    bare, ended = _without_and_with_the_guard(smollm2, "Tell me about Paris as JSON.", _City, 60)
     assert bare.finish_reason == "length" and len(str(bare.value.population)) > MAX_NUMBER_DIGITS  # closed late
-    ended = Generator(smollm2, draft=None).generate(prompt, schema=_City, max_tokens=60)
     assert ended.finish_reason == "stop" and len(str(ended.value.population)) == MAX_NUMBER_DIGITS
-    fast = Generator(smollm2).generate(prompt, schema=_City, max_tokens=60, method="speculative")
-    assert fast.text == ended.text
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (benchmarks/gpu_check.sh runs it)")
