@@ -200,6 +200,57 @@ def test_the_scan_counts_the_digits_of_the_number_being_written(text, number, di
     assert scan.number_long == (not scan.in_string), text  # a string's digits are text
 
 
+def _numbers_and_arrays(value: object, numbers: list[int], arrays: list[tuple[frozenset, int]]) -> None:
+    """The reference: each number's digits in the order JSON writes them, and each array's string items
+    (as the guard compares them) and repeats in the order its ``]`` comes."""
+    if isinstance(value, dict):
+        for item in value.values():
+            _numbers_and_arrays(item, numbers, arrays)
+    elif isinstance(value, list):
+        seen, repeated = set(), 0
+        for item in value:
+            _numbers_and_arrays(item, numbers, arrays)
+            if isinstance(item, str):
+                key = json.dumps(item, ensure_ascii=False)[1:-1].casefold().strip(" .,!?;:").encode()  # as written
+                repeated += key in seen
+                seen.add(key)
+        arrays.append((frozenset(seen), repeated))
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        numbers.append(sum(ch.isdigit() for ch in json.dumps(value)))
+
+
+def _repeating_json(rng: random.Random, depth: int = 0) -> object:
+    kind = rng.choice(["str", "num", "obj", "arr", "arr"] if depth < 3 else ["str", "num"])
+    if kind == "str":
+        return rng.choice(["Ana", "ana!", " Bo", "bo", 'x"y', "\\n", "é", ""])
+    if kind == "num":
+        return rng.choice([rng.randint(-10 ** 20, 10 ** 20), rng.random() * 10 ** rng.randint(0, 25), 7])
+    if kind == "obj":
+        return {rng.choice(["a", "b", "c"]) + str(i): _repeating_json(rng, depth + 1) for i in range(rng.randint(0, 3))}
+    return [_repeating_json(rng, depth + 1) for _ in range(rng.randint(0, 6))]
+
+
+def test_the_scan_counts_every_numbers_digits_and_every_arrays_repeats_as_json_holds_them():
+    rng = random.Random(5)
+    for _ in range(300):
+        value = _repeating_json(rng)
+        text = json.dumps(value, ensure_ascii=False, separators=rng.choice([(",", ":"), (", ", ": ")]))
+        numbers, arrays = [], []
+        _numbers_and_arrays(value, numbers, arrays)
+        scan, seen_numbers, seen_arrays = JsonScan(), [], []
+        for char in text:
+            if not scan.in_string and scan.number and char in ",]} ":
+                seen_numbers.append(scan.digits)
+                assert scan.number_long == (scan.digits >= MAX_NUMBER_DIGITS)
+            if not scan.in_string and char == "]":
+                seen_arrays.append(scan.items[-1])
+                assert scan.looping == (scan.items[-1][1] >= REPEATED_ITEMS)
+            scan.feed(char.encode())
+        if scan.number:  # a number alone
+            seen_numbers.append(scan.digits)
+        assert (seen_numbers, seen_arrays) == (numbers, arrays), text
+
+
 def test_a_long_numbers_digits_are_kept_off_only_where_something_else_is_allowed(vocab_of):
     vocabulary = vocab_of("smollm2")
     tokens = string_tokens(vocabulary)
