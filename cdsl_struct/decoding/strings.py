@@ -34,6 +34,10 @@ spaces and end punctuation aside), the probability of the tokens that would go o
 comma, or a closing quote fused with one, ``",``) moves onto its closing bracket (or the plain quote).
 In a calendar call SmolLM2 listed ``"attendees": ["El Diablo", "El Diablo", ...`` to ``max_tokens``.
 
+A string value that goes round ends: once a run of its words repeats an earlier one (``value_words``),
+all the probability where a sentence or clause of it ends moves onto the tokens that open with its closing
+quote (``"``, ``",``), in proportion to their own.
+
 ``JsonScan`` follows a JSON text byte by byte (an answer that is JSON from its first byte, no reasoning
 before it), ``MarkedScan`` the JSON inside a tool request's output; ``string_moves`` finds a step's
 positions to move; ``move_to_quote`` moves them, after the masks, in a few ops over all of them.
@@ -54,6 +58,7 @@ from ..constraints.specs import JsonSchema
 from ..constraints.structural_tag import StructuralTag
 from ..constraints.vocabulary import TokenVocabulary
 from ..tools.grammar import ToolCallsGrammar
+from .value_words import ValueWords
 
 _QUOTE, _BACKSLASH, _COLON, _COMMA, _ANGLE = b'"'[0], b"\\"[0], b":"[0], b","[0], b"<"[0]
 _OPENING, _CLOSING = frozenset(b"{["), frozenset(b"}]")
@@ -96,6 +101,8 @@ class JsonScan:
     """The bytes of the array item being written, where a string directly in an array is open."""
     item_done: bool = False
     """Outside strings, the last byte that is not whitespace closed a string directly in an array."""
+    words: ValueWords | None = None
+    """The words of the open string value (not a key): whether it went round (``value_words``)."""
     marked = False
     """Whether this scan reads JSON after markers (``MarkedScan``: tool calls, structural tags)."""
 
@@ -103,12 +110,14 @@ class JsonScan:
         """Follow ``data``, the next bytes of the text."""
         for byte in data:
             if self.in_string:
+                if self.words is not None:
+                    self.words.feed(byte, self.escaped)
                 if self.escaped:
                     self.escaped = False
                 elif byte == _BACKSLASH:
                     self.escaped = True
                 elif byte == _QUOTE:
-                    self.in_string = False
+                    self.in_string, self.words = False, None
                     if self.item is not None:
                         self._item_closed()
                     continue
@@ -138,6 +147,7 @@ class JsonScan:
             self.in_string, self.inner, self.markup = True, 0, False
             self.key = self.key_next and bool(self.containers) and self.containers[-1] == _OBJECT
             self.item = b"" if self.items and self.items[-1] is not None else None
+            self.words = None if self.key else ValueWords()
         elif byte in _OPENING:
             self.containers.append(byte)
             self.items.append(None if byte == _OBJECT else (frozenset(), 0))
@@ -193,13 +203,20 @@ class JsonScan:
         return self.number and self.digits >= MAX_NUMBER_DIGITS
 
     @property
+    def value_looped(self) -> bool:
+        """Whether an open string value went round (``ValueWords.looped``) and a sentence or clause of it
+        just ended: where it ends."""
+        return self.value_open and self.words is not None and self.words.looped and self.words.boundary
+
+    @property
     def tag_open(self) -> bool:
         """Whether a string value after a marker is open (``value_open``) with no ``<`` of its own: where a
         ``</`` would end the call or tag rather than close a tag the string opened."""
         return self.marked and self.value_open and not self.markup
 
     def copy(self) -> JsonScan:
-        return dataclasses.replace(self, containers=list(self.containers), items=list(self.items))
+        return dataclasses.replace(self, containers=list(self.containers), items=list(self.items),
+                                   words=None if self.words is None else self.words.copy())
 
 
 def _item_key(raw: bytes) -> bytes:
@@ -273,6 +290,9 @@ class StringTokens:
     quote_commas: torch.Tensor = field(repr=False, default_factory=lambda: torch.zeros(0, dtype=torch.long))
     """The tokens that close a string and go on with a comma (``",``, ``", "``)."""
     quote_commas_np: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, dtype=np.int64))
+    quote_starts: torch.Tensor = field(repr=False, default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    """The tokens that open with a quote (``"``, ``",``, ``"}``): inside a string, those that end it."""
+    quote_starts_np: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 @dataclass
@@ -290,6 +310,9 @@ class StringMoves:
     """An item of an array whose items repeat (``JsonScan.looping``) is open: it closes without a comma."""
     array_rows: list[int] = field(default_factory=list)
     """After an item of such an array: the array closes."""
+    ended_rows: list[int] = field(default_factory=list)
+    """A string value that went round has just ended a sentence or clause (``JsonScan.value_looped``): it
+    ends."""
 
     def __bool__(self) -> bool:
         return any(getattr(self, name) for name in _MOVED)
@@ -300,8 +323,8 @@ class StringMoves:
         return self
 
 
-_ALL_ROWS = ("rows", "tag_rows", "start_rows", "number_rows", "item_rows", "array_rows")
-_MOVED = ("rows", "start_rows", "number_rows", "item_rows", "array_rows")  # tag_rows are among rows
+_ALL_ROWS = ("rows", "tag_rows", "start_rows", "number_rows", "item_rows", "array_rows", "ended_rows")
+_MOVED = ("rows", "start_rows", "number_rows", "item_rows", "array_rows", "ended_rows")  # tag_rows are among rows
 
 
 def string_tokens(vocabulary: TokenVocabulary) -> StringTokens | None:
@@ -319,10 +342,11 @@ def string_tokens(vocabulary: TokenVocabulary) -> StringTokens | None:
         commas = [t for t in _holding(vocab.token_bytes, rb",") if t not in skipped]
         quote_commas = [t for t in commas if _opens_with(vocab.token_bytes[t], b'"', b",")]
         commas = [t for t in commas if vocab.token_bytes[t].lstrip(b" \t\r\n")[:1] == b","]
+        quote_starts = [t for t in _starting(vocab.token_bytes, frozenset(b'"')) if t not in skipped]
         if quote is None or not closers:
             return None
         return StringTokens(quote, *_both(closers), *_both(tags), *_both(opens), *_both(digits), bracket,
-                            *_both(commas), *_both(quote_commas))
+                            *_both(commas), *_both(quote_commas), *_both(quote_starts))
 
     return vocabulary.engine_object("string-guard", build)
 
@@ -412,6 +436,8 @@ def add_position(moves: StringMoves, scan: JsonScan, row: int) -> None:
             moves.tag_rows.append(row)
         if scan.item_looping:
             moves.item_rows.append(row)
+        if scan.value_looped:
+            moves.ended_rows.append(row)
     elif scan.value_may_start:
         moves.start_rows.append(row)
     elif scan.number_long:
@@ -431,7 +457,8 @@ def move_to_quote(logits: torch.Tensor | np.ndarray, moves: StringMoves, tokens:
     probability onto the quote (and the ``</`` tokens' at ``moves.tag_rows``; at ``moves.start_rows``,
     the ``opens``'); at ``moves.number_rows``, keep the number's ``digits`` off where any other token is
     allowed; at ``moves.item_rows``, move a looping array's ``quote_commas`` onto the quote, and at
-    ``moves.array_rows`` its ``commas`` onto the closing bracket. In place (numpy rows where the logits are
+    ``moves.array_rows`` its ``commas`` onto the closing bracket; at ``moves.ended_rows``, every allowed
+    token's onto those that open with the quote. In place (numpy rows where the logits are
     host memory)."""
     if moves.tag_rows and len(tokens.tags_np):
         _move(logits, moves.tag_rows, tokens.quote, tokens.tags, tokens.tags_np)
@@ -444,6 +471,31 @@ def move_to_quote(logits: torch.Tensor | np.ndarray, moves: StringMoves, tokens:
         _move(logits, moves.item_rows, tokens.quote, tokens.quote_commas, tokens.quote_commas_np)
     if moves.array_rows and tokens.bracket is not None and len(tokens.commas_np):
         _move(logits, moves.array_rows, tokens.bracket, tokens.commas, tokens.commas_np)
+    if moves.ended_rows and len(tokens.quote_starts_np):
+        _end(logits, moves.ended_rows, tokens.quote_starts, tokens.quote_starts_np)
+
+
+def _end(logits: torch.Tensor | np.ndarray, rows: Sequence[int], index: torch.Tensor, index_np: np.ndarray
+         ) -> None:
+    """At each of ``rows`` where a token of ``index`` (``StringTokens.quote_starts``) is allowed, move every
+    allowed token's probability onto those, in proportion to their own (the model ends the value as it
+    would have: ``",`` where it would have written that)."""
+    if isinstance(logits, np.ndarray):
+        for at in rows:
+            row = logits[at]
+            kept = row[index_np]
+            if np.isfinite(kept.max()):
+                shift = np.logaddexp.reduce(row) - np.logaddexp.reduce(kept)
+                row[:] = -np.inf
+                row[index_np] = kept + shift
+        return
+    at = torch.tensor(rows, dtype=torch.long).to(logits.device, non_blocking=True)
+    index = index.to(logits.device, non_blocking=True)
+    whole = logits[at]
+    kept = whole[:, index]
+    ended = torch.full_like(whole, float("-inf"))
+    ended[:, index] = kept + (torch.logsumexp(whole, dim=1) - torch.logsumexp(kept, dim=1))[:, None]
+    logits[at] = torch.where(torch.isfinite(kept.amax(dim=1))[:, None], ended, whole)
 
 
 def _keep_off(logits: torch.Tensor | np.ndarray, rows: Sequence[int], index: torch.Tensor, index_np: np.ndarray
