@@ -32,7 +32,11 @@ bounds no integer), and the OpenAI client's ``parse`` raised on the budget's ``l
 An array of strings that loops ends too: once ``REPEATED_ITEMS`` of its items repeat earlier ones (case,
 spaces and end punctuation aside), the probability of the tokens that would go on to another item (a
 comma, or a closing quote fused with one, ``",``) moves onto its closing bracket (or the plain quote).
-In a calendar call SmolLM2 listed ``"attendees": ["El Diablo", "El Diablo", ...`` to ``max_tokens``.
+In a calendar call SmolLM2 listed ``"attendees": ["El Diablo", "El Diablo", ...`` to ``max_tokens``. So
+does an array of objects (compared as their bytes lower-cased, whitespace outside strings aside): a closing
+brace fused with a comma (``},``) moves onto the plain brace, and the comma after it onto the bracket. Asked
+for the planets, SmolLM2 went on ``{"name": "Uranus", ...}, {"name": "Neptune", ...}, {"name": "Pluto", ...}``
+round and round.
 
 A string value that goes round ends: once a run of its words repeats an earlier one (``value_words``),
 all the probability where a sentence or clause of it ends moves onto the tokens that open with its closing
@@ -46,7 +50,6 @@ positions to move; ``move_to_quote`` moves them, after the masks, in a few ops o
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +61,7 @@ from ..constraints.specs import JsonSchema
 from ..constraints.structural_tag import StructuralTag
 from ..constraints.vocabulary import TokenVocabulary
 from ..tools.grammar import ToolCallsGrammar
+from .string_tokens import NUMBER_BYTES, StringTokens, string_tokens
 from .value_words import ValueWords
 
 _QUOTE, _BACKSLASH, _COLON, _COMMA, _ANGLE = b'"'[0], b"\\"[0], b":"[0], b","[0], b"<"[0]
@@ -66,7 +70,6 @@ _OBJECT = b"{"[0]
 _SPACE = frozenset(b" \t\r\n")
 _STARTS = frozenset(b'{["')
 _DIGITS, _NUMBER_STARTS = frozenset(b"0123456789"), frozenset(b"-0123456789")
-_NUMBER_BYTES = frozenset(b"0123456789.eE+-")
 REPEATED_ITEMS = 2
 """The items of an array of strings that may repeat earlier ones before the guard ends the array."""
 MAX_NUMBER_DIGITS = 18
@@ -95,12 +98,19 @@ class JsonScan:
     digits: int = 0
     """The digits of the number being written (or of the last one)."""
     items: list[tuple[frozenset[bytes], int] | None] = field(default_factory=list)
-    """Per open container: an array's string items so far (as ``_item_key`` reads them) and how many of
-    them repeated an earlier one; None for an object."""
+    """Per open container: an array's string and object items so far (as ``_item_key`` reads a string,
+    an object as its bytes lower-cased with no whitespace outside strings) and how many of them repeated
+    an earlier one; None for an object."""
     item: bytes | None = None
     """The bytes of the array item being written, where a string directly in an array is open."""
     item_done: bool = False
-    """Outside strings, the last byte that is not whitespace closed a string directly in an array."""
+    """Outside strings, the last byte that is not whitespace closed a string or object directly in an
+    array."""
+    records: list[bytes | None] = field(default_factory=list)
+    """Per open container: an object directly in an array, its bytes so far (whitespace outside strings
+    left out); None for any other."""
+    recording: int = 0
+    """How many of ``records`` are open."""
     words: ValueWords | None = None
     """The words of the open string value (not a key): whether it went round (``value_words``)."""
     marked = False
@@ -109,6 +119,8 @@ class JsonScan:
     def feed(self, data: bytes) -> None:
         """Follow ``data``, the next bytes of the text."""
         for byte in data:
+            if self.recording and (self.in_string or byte not in _SPACE):
+                self._record(byte)
             if self.in_string:
                 if self.words is not None:
                     self.words.feed(byte, self.escaped)
@@ -136,7 +148,7 @@ class JsonScan:
 
     def _structure(self, byte: int) -> None:
         """Follow one byte outside strings that is not whitespace."""
-        if byte in _NUMBER_BYTES and (self.number or byte in _NUMBER_STARTS):
+        if byte in NUMBER_BYTES and (self.number or byte in _NUMBER_STARTS):
             if not self.number:
                 self.number, self.digits = True, 0
             self.digits += byte in _DIGITS
@@ -149,14 +161,22 @@ class JsonScan:
             self.item = b"" if self.items and self.items[-1] is not None else None
             self.words = None if self.key else ValueWords()
         elif byte in _OPENING:
+            in_array = bool(self.items) and self.items[-1] is not None
             self.containers.append(byte)
             self.items.append(None if byte == _OBJECT else (frozenset(), 0))
+            self.records.append(b"{" if byte == _OBJECT and in_array else None)
+            self.recording += self.records[-1] is not None
             self.key_next = byte == _OBJECT
             self.value_next = not self.key_next
         elif byte in _CLOSING:
             if self.containers:
                 self.containers.pop()
                 self.items.pop()
+                record = self.records.pop()
+                if record is not None:
+                    self.recording -= 1
+                    if self.items and self.items[-1] is not None:
+                        self._count_item(record.lower())
             self.key_next = False
         elif byte == _COLON:
             self.key_next, self.value_next = False, True
@@ -165,14 +185,25 @@ class JsonScan:
             self.value_next = not self.key_next
 
     def _item_closed(self) -> None:
+        self._count_item(_item_key(self.item))
+        self.item = None
+
+    def _count_item(self, key: bytes) -> None:
+        """An item of the innermost array closed as ``key``."""
         seen, repeated = self.items[-1]
-        key = _item_key(self.item)
         self.items[-1] = (seen | {key}, repeated + (key in seen))
-        self.item, self.item_done = None, True
+        self.item_done = True
+
+    def _record(self, byte: int) -> None:
+        """Add ``byte`` to every open object item (``records``): an outer one holds the inner ones' bytes."""
+        one = bytes((byte,))
+        for at, record in enumerate(self.records):
+            if record is not None:
+                self.records[at] = record + one
 
     @property
     def looping(self) -> bool:
-        """Whether the innermost array is one of strings that repeat earlier ones (``REPEATED_ITEMS``)."""
+        """Whether the innermost array's string or object items repeat earlier ones (``REPEATED_ITEMS``)."""
         return bool(self.items) and self.items[-1] is not None and self.items[-1][1] >= REPEATED_ITEMS
 
     @property
@@ -184,6 +215,15 @@ class JsonScan:
             return False
         seen, repeated = self.items[-1]
         return repeated + (_item_key(self.item) in seen) >= REPEATED_ITEMS
+
+    @property
+    def record_looping(self) -> bool:
+        """Whether an object item of an array is open at its own level, outside strings, that, closed here,
+        leaves the array ``looping`` (``item_looping`` for an object: ``},`` would start the next item)."""
+        if self.in_string or not self.records or self.records[-1] is None:
+            return False
+        seen, repeated = self.items[-2]
+        return repeated + ((self.records[-1] + b"}").lower() in seen) >= REPEATED_ITEMS
 
     @property
     def value_open(self) -> bool:
@@ -216,6 +256,7 @@ class JsonScan:
 
     def copy(self) -> JsonScan:
         return dataclasses.replace(self, containers=list(self.containers), items=list(self.items),
+                                   records=list(self.records),
                                    words=None if self.words is None else self.words.copy())
 
 
@@ -266,35 +307,6 @@ class MarkedScan(JsonScan):
                         super().feed(trigger)
 
 
-@dataclass(frozen=True)
-class StringTokens:
-    """A vocabulary's closing quote, the tokens that open with a closing bracket (``closers``) and those
-    that open with ``</`` (``tags``, moved after markers only), each after any whitespace."""
-
-    quote: int
-    closers: torch.Tensor
-    closers_np: np.ndarray = field(repr=False)
-    tags: torch.Tensor = field(repr=False, default_factory=lambda: torch.zeros(0, dtype=torch.long))
-    tags_np: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, dtype=np.int64))
-    opens: torch.Tensor = field(repr=False, default_factory=lambda: torch.zeros(0, dtype=torch.long))
-    """The tokens that open a string with a closing bracket (``"]``, ``"}``, ``"},``)."""
-    opens_np: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, dtype=np.int64))
-    digits: torch.Tensor = field(repr=False, default_factory=lambda: torch.zeros(0, dtype=torch.long))
-    """The tokens that go on with a number: they open with a digit, ``.``, ``e``, ``E`` or a sign."""
-    digits_np: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, dtype=np.int64))
-    bracket: int | None = None
-    """The closing square bracket's own token."""
-    commas: torch.Tensor = field(repr=False, default_factory=lambda: torch.zeros(0, dtype=torch.long))
-    """The tokens that open with a comma (after any whitespace)."""
-    commas_np: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, dtype=np.int64))
-    quote_commas: torch.Tensor = field(repr=False, default_factory=lambda: torch.zeros(0, dtype=torch.long))
-    """The tokens that close a string and go on with a comma (``",``, ``", "``)."""
-    quote_commas_np: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, dtype=np.int64))
-    quote_starts: torch.Tensor = field(repr=False, default_factory=lambda: torch.zeros(0, dtype=torch.long))
-    """The tokens that open with a quote (``"``, ``",``, ``"}``): inside a string, those that end it."""
-    quote_starts_np: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, dtype=np.int64))
-
-
 @dataclass
 class StringMoves:
     """A step's positions where a string value is open (``rows``), of those where a ``</`` would end a
@@ -310,6 +322,9 @@ class StringMoves:
     """An item of an array whose items repeat (``JsonScan.looping``) is open: it closes without a comma."""
     array_rows: list[int] = field(default_factory=list)
     """After an item of such an array: the array closes."""
+    object_rows: list[int] = field(default_factory=list)
+    """An object item of such an array is open at its own level (``JsonScan.record_looping``): it closes
+    without a comma."""
     ended_rows: list[int] = field(default_factory=list)
     """A string value that went round has just ended a sentence or clause (``JsonScan.value_looped``): it
     ends."""
@@ -323,60 +338,8 @@ class StringMoves:
         return self
 
 
-_ALL_ROWS = ("rows", "tag_rows", "start_rows", "number_rows", "item_rows", "array_rows", "ended_rows")
-_MOVED = ("rows", "start_rows", "number_rows", "item_rows", "array_rows", "ended_rows")  # tag_rows are among rows
-
-
-def string_tokens(vocabulary: TokenVocabulary) -> StringTokens | None:
-    """``StringTokens`` of ``vocabulary`` (built once), or None where it has no ``"`` token of its own."""
-
-    def build(vocab: TokenVocabulary) -> StringTokens | None:
-        skipped = set(vocab.special_ids) | set(vocab.eos_token_ids)
-        quote = next((t for t, raw in enumerate(vocab.token_bytes) if raw == b'"' and t not in skipped), None)
-        found = [t for t in _holding(vocab.token_bytes, rb"[}\]<]") if t not in skipped]
-        closers = [t for t in found if vocab.token_bytes[t].lstrip(b" \t\r\n")[:1] in (b"}", b"]")]
-        tags = [t for t in found if vocab.token_bytes[t].lstrip(b" \t\r\n").startswith(b"</")]
-        opens = [t for t in found if _opens_with_closer(vocab.token_bytes[t])]
-        digits = [t for t in _starting(vocab.token_bytes, _NUMBER_BYTES) if t not in skipped]
-        bracket = next((t for t, raw in enumerate(vocab.token_bytes) if raw == b"]" and t not in skipped), None)
-        commas = [t for t in _holding(vocab.token_bytes, rb",") if t not in skipped]
-        quote_commas = [t for t in commas if _opens_with(vocab.token_bytes[t], b'"', b",")]
-        commas = [t for t in commas if vocab.token_bytes[t].lstrip(b" \t\r\n")[:1] == b","]
-        quote_starts = [t for t in _starting(vocab.token_bytes, frozenset(b'"')) if t not in skipped]
-        if quote is None or not closers:
-            return None
-        return StringTokens(quote, *_both(closers), *_both(tags), *_both(opens), *_both(digits), bracket,
-                            *_both(commas), *_both(quote_commas), *_both(quote_starts))
-
-    return vocabulary.engine_object("string-guard", build)
-
-
-def _opens_with_closer(raw: bytes) -> bool:
-    """``"]``, ``"}``, `` "},``: a quote, then a closing bracket (whitespace around either)."""
-    return _opens_with(raw, b'"', b"}") or _opens_with(raw, b'"', b"]")
-
-
-def _opens_with(raw: bytes, first: bytes, second: bytes) -> bool:
-    """Whether ``raw`` opens with ``first`` then ``second`` (whitespace around either)."""
-    rest = raw.lstrip(b" \t\r\n")
-    return rest[:1] == first and rest[1:].lstrip(b" \t\r\n")[:1] == second
-
-
-def _starting(token_bytes: Sequence[bytes], first: frozenset[int]) -> list[int]:
-    """The tokens whose first byte is one of ``first``."""
-    return [t for t, raw in enumerate(token_bytes) if raw and raw[0] in first]
-
-
-def _both(ids: list[int]) -> tuple[torch.Tensor, np.ndarray]:
-    return torch.tensor(ids, dtype=torch.long), np.array(ids, dtype=np.int64)
-
-
-def _holding(token_bytes: Sequence[bytes], pattern: bytes) -> list[int]:
-    """The tokens whose bytes hold a match of ``pattern`` (one byte long), found in one pass over all of
-    them joined (a loop over SmolLM2's 49,152 tokens in Python took 12 ms, on the first JSON request)."""
-    ends = np.cumsum(np.fromiter(map(len, token_bytes), dtype=np.int64, count=len(token_bytes)))
-    hits = [match.start() for match in re.finditer(pattern, b"".join(token_bytes))]
-    return sorted(set(np.searchsorted(ends, hits, side="right").tolist()))
+_ALL_ROWS = ("rows", "tag_rows", "start_rows", "number_rows", "item_rows", "array_rows", "object_rows", "ended_rows")
+_MOVED = _ALL_ROWS[:1] + _ALL_ROWS[2:]  # tag_rows are among rows
 
 
 def guarded(session: Any) -> bool:
@@ -444,6 +407,8 @@ def add_position(moves: StringMoves, scan: JsonScan, row: int) -> None:
         moves.number_rows.append(row)
     elif scan.item_done and scan.looping:
         moves.array_rows.append(row)
+    if scan.record_looping:
+        moves.object_rows.append(row)
 
 
 def feed_token(scan: JsonScan, vocab: TokenVocabulary, token: int) -> None:
@@ -457,7 +422,8 @@ def move_to_quote(logits: torch.Tensor | np.ndarray, moves: StringMoves, tokens:
     probability onto the quote (and the ``</`` tokens' at ``moves.tag_rows``; at ``moves.start_rows``,
     the ``opens``'); at ``moves.number_rows``, keep the number's ``digits`` off where any other token is
     allowed; at ``moves.item_rows``, move a looping array's ``quote_commas`` onto the quote, and at
-    ``moves.array_rows`` its ``commas`` onto the closing bracket; at ``moves.ended_rows``, every allowed
+    ``moves.array_rows`` its ``commas`` onto the closing bracket (and at ``moves.object_rows`` an object item's
+    ``brace_commas`` onto the closing brace); at ``moves.ended_rows``, every allowed
     token's onto those that open with the quote. In place (numpy rows where the logits are
     host memory)."""
     if moves.tag_rows and len(tokens.tags_np):
@@ -471,6 +437,8 @@ def move_to_quote(logits: torch.Tensor | np.ndarray, moves: StringMoves, tokens:
         _move(logits, moves.item_rows, tokens.quote, tokens.quote_commas, tokens.quote_commas_np)
     if moves.array_rows and tokens.bracket is not None and len(tokens.commas_np):
         _move(logits, moves.array_rows, tokens.bracket, tokens.commas, tokens.commas_np)
+    if moves.object_rows and tokens.brace is not None and len(tokens.brace_commas_np):
+        _move(logits, moves.object_rows, tokens.brace, tokens.brace_commas, tokens.brace_commas_np)
     if moves.ended_rows and len(tokens.quote_starts_np):
         _end(logits, moves.ended_rows, tokens.quote_starts, tokens.quote_starts_np)
 

@@ -201,8 +201,8 @@ def test_the_scan_counts_the_digits_of_the_number_being_written(text, number, di
 
 
 def _numbers_and_arrays(value: object, numbers: list[int], arrays: list[tuple[frozenset, int]]) -> None:
-    """The reference: each number's digits in the order JSON writes them, and each array's string items
-    (as the guard compares them) and repeats in the order its ``]`` comes."""
+    """The reference: each number's digits in the order JSON writes them, and each array's string and
+    object items (as the guard compares them) and repeats in the order its ``]`` comes."""
     if isinstance(value, dict):
         for item in value.values():
             _numbers_and_arrays(item, numbers, arrays)
@@ -212,8 +212,12 @@ def _numbers_and_arrays(value: object, numbers: list[int], arrays: list[tuple[fr
             _numbers_and_arrays(item, numbers, arrays)
             if isinstance(item, str):
                 key = json.dumps(item, ensure_ascii=False)[1:-1].casefold().strip(" .,!?;:").encode()  # as written
-                repeated += key in seen
-                seen.add(key)
+            elif isinstance(item, dict):  # as written, whitespace outside strings aside, ASCII lower-cased
+                key = json.dumps(item, ensure_ascii=False, separators=(",", ":")).encode().lower()
+            else:
+                continue
+            repeated += key in seen
+            seen.add(key)
         arrays.append((frozenset(seen), repeated))
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         numbers.append(sum(ch.isdigit() for ch in json.dumps(value)))
@@ -226,7 +230,7 @@ def _repeating_json(rng: random.Random, depth: int = 0) -> object:
     if kind == "num":
         return rng.choice([rng.randint(-10 ** 20, 10 ** 20), rng.random() * 10 ** rng.randint(0, 25), 7])
     if kind == "obj":
-        return {rng.choice(["a", "b", "c"]) + str(i): _repeating_json(rng, depth + 1) for i in range(rng.randint(0, 3))}
+        return {rng.choice(["a", "B", "c"]) + str(i): _repeating_json(rng, depth + 1) for i in range(rng.randint(0, 3))}
     return [_repeating_json(rng, depth + 1) for _ in range(rng.randint(0, 6))]
 
 
@@ -341,6 +345,63 @@ def test_a_list_the_model_loops_in_ends(smollm2, one_torch_thread):
     assert ended.finish_reason == "stop" and ended.value["owner"] == "Sofia", ended.text
     items = ended.value["items"]
     assert len(items) - len({item.casefold() for item in items}) == REPEATED_ITEMS
+
+
+def test_an_arrays_objects_count_as_items_whitespace_and_ascii_case_aside():
+    scan = JsonScan()
+    scan.feed(b'{"a": [{"n": "Mars", "m": {"k": [1]}}, { "n" : "MARS", "m": {"k": [ 1 ]} }, {"n": "Mars ", "m": {}}')
+    assert scan.items[-1][1] == 1 and scan.item_done and not scan.looping  # "Mars " differs inside its string
+    scan.feed(b', {"n": "mars", "m": {"k": [1]}')
+    assert scan.record_looping and not scan.looping  # closed here, it would be the second repeat
+    scan.feed(b" ")
+    assert scan.record_looping
+    scan.feed(b"}")
+    assert scan.looping and scan.item_done and not scan.record_looping
+    scan.feed(b', {"n": "x", "m": "}')
+    assert not scan.record_looping  # inside a string
+    inner = JsonScan()
+    inner.feed(b'{"o": {"n": 1}, "p": {"n": 1}, "q": {"n": 1')
+    assert inner.records == [None, None] and not inner.record_looping  # objects outside arrays are no items
+
+
+def test_a_looping_arrays_fused_closing_brace_moves_onto_the_brace(vocab_of):
+    vocabulary = vocab_of("smollm2")
+    tokens = string_tokens(vocabulary)
+    assert vocabulary.token_bytes[tokens.brace] == b"}"
+    fused = {vocabulary.token_bytes[t] for t in tokens.brace_commas.tolist()}
+    assert {b"},", b" },"} <= fused and all(raw.strip()[:1] == b"}" and b"," in raw for raw in fused)
+    schema = {"type": "array", "items": {"type": "object", "properties": {"n": {"type": "string"}}}}
+    session = SimpleNamespace(compiled=compile(JsonSchema(schema), vocabulary), json_scan=None,
+                              output=vocabulary.encode('[{"n": "a"}, {"n": "b"}, {"n": "a"}, {"n": "a"'))
+    assert string_moves(session, [], start=0).object_rows == [0]
+    state = session.compiled.new_state()
+    state.advance(session.output)
+    mask = allocate_bitmask(session.compiled.vocab_size)
+    state.fill_mask(mask)
+    logits = torch.randn(1, session.compiled.vocab_size, generator=torch.Generator().manual_seed(6))
+    apply_bitmask(logits, mask[None])
+    moved, host = logits.clone(), logits.clone().numpy()
+    move_to_quote(moved, StringMoves(object_rows=[0]), tokens)
+    move_to_quote(host, StringMoves(object_rows=[0]), tokens)
+    assert torch.allclose(torch.from_numpy(host), moved, atol=1e-5)
+    before, now = torch.softmax(logits, -1), torch.softmax(moved, -1)
+    assert before[0, tokens.brace_commas].sum() > 0 and torch.all(now[0, tokens.brace_commas] == 0)
+    assert now[0, tokens.brace] == pytest.approx(float(before[0, tokens.brace] + before[0, tokens.brace_commas].sum()),
+                                                 rel=1e-4)
+
+
+def test_a_list_of_records_the_model_loops_in_ends(smollm2, one_torch_thread):
+    """``{"name": "Uranus", ...}, {"name": "Neptune", ...}, {"name": "Pluto", ...}, {"name": "Uranus", ...`` to
+    ``max_tokens`` before."""
+    planet = {"type": "object", "properties": {"name": {"type": "string"}, "moons": {"type": "integer"}},
+              "required": ["name", "moons"]}
+    schema = {"type": "object", "properties": {"items": {"type": "array", "items": planet}}, "required": ["items"]}
+    looped, ended = _without_and_with_the_guard(smollm2, "Give me the planets of the solar system as JSON.", schema,
+                                                200)
+    assert looped.finish_reason == "length"
+    assert ended.finish_reason == "stop", ended.text
+    names = [item["name"] for item in ended.value["items"]]
+    assert len(names) - len(set(names)) == REPEATED_ITEMS and names[-2:] == ["Uranus", "Neptune"]
 
 
 class _City(BaseModel):
