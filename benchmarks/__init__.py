@@ -33,6 +33,9 @@ HARNESSES: dict[str, tuple[str, str]] = {
     "number-runs": ("benchmarks.number_runs",
                     "JSON facts with unbounded numbers: answers finished or cut in a run of digits; the guard on "
                     "and off"),
+    "list-runs": ("benchmarks.list_runs",
+                  "JSON lists of records: answers finished, cut, or going round the same records; the guard on "
+                  "and off"),
     "profile": ("benchmarks.serve_profile", "torch.profiler table of a serve-bench case run in-process"),
     "soak": ("benchmarks.soak", "many clients for many minutes mixing well-formed, hostile and disconnecting "
                                 "requests: exactly-once answers, no 5xx, flat memory"),

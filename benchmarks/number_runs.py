@@ -112,31 +112,42 @@ class NumberRunsConfig:
 def run_number_runs(config: NumberRunsConfig, loaded: Any = None) -> dict[str, Any]:
     """Each setting over the same tasks, one request at a time (no batch, so the two differ by the guard
     alone); the report."""
+    rows, summary, chosen = [], {}, tasks(config.split, config.tasks)
+    for setting, results, wall in decode_settings(config, chosen, loaded):
+        mine = [{"setting": setting, "family": task.family, "prompt": task.prompt, "text": result.text,
+                 "finish_reason": result.finish_reason, "tokens": len(result.tokens),
+                 "digits": longest_number(result.text)} for task, result in zip(chosen, results, strict=True)]
+        rows += mine
+        summary[setting] = {**finished_and_cut(mine), "runs": sum(r["digits"] >= RUN_DIGITS for r in mine),
+                            "mean_tokens": round(sum(r["tokens"] for r in mine) / max(len(mine), 1), 1),
+                            "wall_s": round(wall, 2)}
+    return {"config": asdict(config), "summary": summary, "rows": rows}
+
+
+def decode_settings(config: Any, chosen: list[Any], loaded: Any = None) -> list[tuple[str, list[Any], float]]:
+    """``(setting, results, wall)`` for each of ``config.settings`` (``guard``: the string guard on),
+    every task (``prompt``, ``schema``) one request at a time."""
     from cdsl_struct.api import Generator
     from cdsl_struct.models import load_model
 
     loaded = loaded or load_model(config.model)
-    chosen = tasks(config.split, config.tasks)
-    rows, summary = [], {}
+    runs = []
     for setting in config.settings:
         generator = Generator(loaded, draft=None, string_guard=setting == "guard")
         try:
             started = time.perf_counter()
             results = [generator.generate(task.prompt, schema=task.schema, max_tokens=config.max_tokens)
                        for task in chosen]
-            wall = time.perf_counter() - started
+            runs.append((setting, results, time.perf_counter() - started))
         finally:
             generator.close()
-        mine = [{"setting": setting, "family": task.family, "prompt": task.prompt, "text": result.text,
-                 "finish_reason": result.finish_reason, "tokens": len(result.tokens),
-                 "digits": longest_number(result.text)} for task, result in zip(chosen, results, strict=True)]
-        rows += mine
-        summary[setting] = {"tasks": len(mine), "finished": sum(r["finish_reason"] == "stop" for r in mine),
-                            "cut": sum(r["finish_reason"] == "length" for r in mine),
-                            "runs": sum(r["digits"] >= RUN_DIGITS for r in mine),
-                            "mean_tokens": round(sum(r["tokens"] for r in mine) / max(len(mine), 1), 1),
-                            "wall_s": round(wall, 2)}
-    return {"config": asdict(config), "summary": summary, "rows": rows}
+    return runs
+
+
+def finished_and_cut(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Tasks, answers finished and answers cut by ``max_tokens`` among ``rows``."""
+    return {"tasks": len(rows), "finished": sum(r["finish_reason"] == "stop" for r in rows),
+            "cut": sum(r["finish_reason"] == "length" for r in rows)}
 
 
 def format_table(report: dict[str, Any]) -> str:
