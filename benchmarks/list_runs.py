@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import zlib
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -81,29 +82,35 @@ def tasks(split: str, count: int) -> list[Task]:
 
 def records(text: str) -> tuple[int, int]:
     """A JSON answer's records (the objects of its arrays) and, in the array with the most, how many
-    repeat an earlier one of it (the same fields and values, the names' case aside); (0, 0) where the
-    text is no JSON."""
+    repeat an earlier one of it (the same fields and values, the names' case aside). An answer cut short
+    is read as one array of the records it finished (objects holding no other)."""
     try:
-        value = json.loads(text)
+        arrays = _arrays(json.loads(text))
     except ValueError:
-        return 0, 0
-    total, most = 0, 0
+        arrays = [[json.loads(raw) for raw in _FLAT_OBJECT.findall(text) if _is_json(raw)]]
+    counts = [[json.dumps(item, sort_keys=True).lower() for item in array if isinstance(item, dict)]
+              for array in arrays]
+    return sum(map(len, counts)), max((len(keys) - len(set(keys)) for keys in counts), default=0)
 
-    def visit(node: Any) -> None:
-        nonlocal total, most
-        if isinstance(node, dict):
-            for item in node.values():
-                visit(item)
-        elif isinstance(node, list):
-            found = [item for item in node if isinstance(item, dict)]
-            keys = [json.dumps(item, sort_keys=True).lower() for item in found]
-            total += len(found)
-            most = max(most, len(keys) - len(set(keys)))
-            for item in node:
-                visit(item)
 
-    visit(value)
-    return total, most
+_FLAT_OBJECT = re.compile(r"\{[^{}]*\}")
+
+
+def _is_json(raw: str) -> bool:
+    try:
+        json.loads(raw)
+    except ValueError:
+        return False
+    return True
+
+
+def _arrays(node: Any) -> list[list[Any]]:
+    """Every array in a JSON value, outer ones first."""
+    if isinstance(node, dict):
+        return [array for item in node.values() for array in _arrays(item)]
+    if isinstance(node, list):
+        return [node, *(array for item in node for array in _arrays(item))]
+    return []
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ def test_records_and_the_most_repeated_in_one_array():
     text = ('{"items": [{"name": "Mars", "moons": 2}, {"moons": 2, "name": "MARS"}, {"name": "Mars", "moons": 3},'
             ' {"name": "mars", "moons": 2}], "other": [{"a": 1}, {"a": 1}]}')
     assert records(text) == (6, 2)  # key order and the names' case aside; per array
-    assert records('{"items": [{"name": "a"}, {"name": "a"') == (0, 0)  # cut: no JSON
+    assert records('{"items": [{"name": "a"}, {"name": "A"}, {"name": "a"}, {"name": "a') == (3, 2)  # cut short
+    assert records('{"items": [{"name": "a"') == (0, 0)  # no record finished
     assert records('{"items": ["a", "a"]}') == (0, 0)  # strings are no records
 
 
