@@ -51,6 +51,11 @@ class StringTokens:
     brace_commas: torch.Tensor = field(repr=False, default_factory=lambda: torch.zeros(0, dtype=torch.long))
     """The tokens that close an object and go on with a comma (``},``, `` },``)."""
     brace_commas_np: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, dtype=np.int64))
+    quote_brace: int | None = None
+    """The token that closes a string and then an object, ``"}``."""
+    quote_brace_commas: torch.Tensor = field(repr=False, default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    """The tokens that close a string and an object and go on with a comma (``"},``)."""
+    quote_brace_commas_np: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 def string_tokens(vocabulary: TokenVocabulary) -> StringTokens | None:
@@ -71,11 +76,13 @@ def string_tokens(vocabulary: TokenVocabulary) -> StringTokens | None:
         quote_starts = [t for t in _starting(vocab.token_bytes, frozenset(b'"')) if t not in skipped]
         brace = next((t for t, raw in enumerate(vocab.token_bytes) if raw == b"}" and t not in skipped), None)
         brace_commas = [t for t in closers if _opens_with(vocab.token_bytes[t], b"}", b",")]
+        quote_brace = next((t for t in opens if vocab.token_bytes[t] == b'"}'), None)
+        quote_brace_commas = [t for t in opens if _opens_with(vocab.token_bytes[t].lstrip(b" \t\r\n")[1:], b"}", b",")]
         if quote is None or not closers:
             return None
         return StringTokens(quote, *_both(closers), *_both(tags), *_both(opens), *_both(digits), bracket,
                             *_both(commas), *_both(quote_commas), *_both(quote_starts), brace,
-                            *_both(brace_commas))
+                            *_both(brace_commas), quote_brace, *_both(quote_brace_commas))
 
     return vocabulary.engine_object("string-guard", build)
 

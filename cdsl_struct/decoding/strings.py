@@ -222,8 +222,19 @@ class JsonScan:
         leaves the array ``looping`` (``item_looping`` for an object: ``},`` would start the next item)."""
         if self.in_string or not self.records or self.records[-1] is None:
             return False
+        return self._record_repeats(b"}")
+
+    @property
+    def record_string_looping(self) -> bool:
+        """Whether a string value of such an object is open that, closed with the object here, leaves the array
+        ``looping``: ``"},`` would start the next item."""
+        if not self.in_string or self.key or not self.records or self.records[-1] is None:
+            return False
+        return self._record_repeats(b'"}')
+
+    def _record_repeats(self, closing: bytes) -> bool:
         seen, repeated = self.items[-2]
-        return repeated + ((self.records[-1] + b"}").lower() in seen) >= REPEATED_ITEMS
+        return repeated + ((self.records[-1] + closing).lower() in seen) >= REPEATED_ITEMS
 
     @property
     def value_open(self) -> bool:
@@ -325,6 +336,8 @@ class StringMoves:
     object_rows: list[int] = field(default_factory=list)
     """An object item of such an array is open at its own level (``JsonScan.record_looping``): it closes
     without a comma."""
+    object_string_rows: list[int] = field(default_factory=list)
+    """A string value of such an object is open (``JsonScan.record_string_looping``): ``"},`` becomes ``"}``."""
     ended_rows: list[int] = field(default_factory=list)
     """A string value that went round has just ended a sentence or clause (``JsonScan.value_looped``): it
     ends."""
@@ -338,7 +351,8 @@ class StringMoves:
         return self
 
 
-_ALL_ROWS = ("rows", "tag_rows", "start_rows", "number_rows", "item_rows", "array_rows", "object_rows", "ended_rows")
+_ALL_ROWS = ("rows", "tag_rows", "start_rows", "number_rows", "item_rows", "array_rows", "object_rows",
+             "object_string_rows", "ended_rows")
 _MOVED = _ALL_ROWS[:1] + _ALL_ROWS[2:]  # tag_rows are among rows
 
 
@@ -401,6 +415,8 @@ def add_position(moves: StringMoves, scan: JsonScan, row: int) -> None:
             moves.item_rows.append(row)
         if scan.value_looped:
             moves.ended_rows.append(row)
+        if scan.record_string_looping:
+            moves.object_string_rows.append(row)
     elif scan.value_may_start:
         moves.start_rows.append(row)
     elif scan.number_long:
@@ -422,10 +438,10 @@ def move_to_quote(logits: torch.Tensor | np.ndarray, moves: StringMoves, tokens:
     probability onto the quote (and the ``</`` tokens' at ``moves.tag_rows``; at ``moves.start_rows``,
     the ``opens``'); at ``moves.number_rows``, keep the number's ``digits`` off where any other token is
     allowed; at ``moves.item_rows``, move a looping array's ``quote_commas`` onto the quote, and at
-    ``moves.array_rows`` its ``commas`` onto the closing bracket (and at ``moves.object_rows`` an object item's
-    ``brace_commas`` onto the closing brace); at ``moves.ended_rows``, every allowed
-    token's onto those that open with the quote. In place (numpy rows where the logits are
-    host memory)."""
+    ``moves.array_rows`` its ``commas`` onto the closing bracket; at ``moves.object_rows``, an object item's
+    ``brace_commas`` onto the closing brace, and at ``moves.object_string_rows`` its ``"},`` onto ``"}``; at
+    ``moves.ended_rows``, every allowed token's onto those that open with the quote. In place (numpy rows
+    where the logits are host memory)."""
     if moves.tag_rows and len(tokens.tags_np):
         _move(logits, moves.tag_rows, tokens.quote, tokens.tags, tokens.tags_np)
     _move(logits, moves.rows, tokens.quote, tokens.closers, tokens.closers_np)
@@ -439,6 +455,9 @@ def move_to_quote(logits: torch.Tensor | np.ndarray, moves: StringMoves, tokens:
         _move(logits, moves.array_rows, tokens.bracket, tokens.commas, tokens.commas_np)
     if moves.object_rows and tokens.brace is not None and len(tokens.brace_commas_np):
         _move(logits, moves.object_rows, tokens.brace, tokens.brace_commas, tokens.brace_commas_np)
+    if moves.object_string_rows and tokens.quote_brace is not None and len(tokens.quote_brace_commas_np):
+        _move(logits, moves.object_string_rows, tokens.quote_brace, tokens.quote_brace_commas,
+              tokens.quote_brace_commas_np)
     if moves.ended_rows and len(tokens.quote_starts_np):
         _end(logits, moves.ended_rows, tokens.quote_starts, tokens.quote_starts_np)
 

@@ -359,6 +359,11 @@ def test_an_arrays_objects_count_as_items_whitespace_and_ascii_case_aside():
     assert scan.looping and scan.item_done and not scan.record_looping
     scan.feed(b', {"n": "x", "m": "}')
     assert not scan.record_looping  # inside a string
+    last = JsonScan()
+    last.feed(b'[{"n": "a"}, {"n": "b"}, {"n": "a"}, {"n": "a')
+    assert last.record_string_looping and not last.record_looping  # ``"}`` here would be the second repeat
+    last.feed(b"b")
+    assert not last.record_string_looping
     inner = JsonScan()
     inner.feed(b'{"o": {"n": 1}, "p": {"n": 1}, "q": {"n": 1')
     assert inner.records == [None, None] and not inner.record_looping  # objects outside arrays are no items
@@ -367,27 +372,34 @@ def test_an_arrays_objects_count_as_items_whitespace_and_ascii_case_aside():
 def test_a_looping_arrays_fused_closing_brace_moves_onto_the_brace(vocab_of):
     vocabulary = vocab_of("smollm2")
     tokens = string_tokens(vocabulary)
-    assert vocabulary.token_bytes[tokens.brace] == b"}"
+    assert vocabulary.token_bytes[tokens.brace] == b"}" and vocabulary.token_bytes[tokens.quote_brace] == b'"}'
     fused = {vocabulary.token_bytes[t] for t in tokens.brace_commas.tolist()}
     assert {b"},", b" },"} <= fused and all(raw.strip()[:1] == b"}" and b"," in raw for raw in fused)
+    assert {vocabulary.token_bytes[t] for t in tokens.quote_brace_commas.tolist()} == {b'"},'}
     schema = {"type": "array", "items": {"type": "object", "properties": {"n": {"type": "string"}}}}
-    session = SimpleNamespace(compiled=compile(JsonSchema(schema), vocabulary), json_scan=None,
-                              output=vocabulary.encode('[{"n": "a"}, {"n": "b"}, {"n": "a"}, {"n": "a"'))
-    assert string_moves(session, [], start=0).object_rows == [0]
-    state = session.compiled.new_state()
-    state.advance(session.output)
-    mask = allocate_bitmask(session.compiled.vocab_size)
-    state.fill_mask(mask)
-    logits = torch.randn(1, session.compiled.vocab_size, generator=torch.Generator().manual_seed(6))
-    apply_bitmask(logits, mask[None])
+    compiled = compile(JsonSchema(schema), vocabulary)
+    outputs = ('[{"n": "a"}, {"n": "b"}, {"n": "a"}, {"n": "a"', '[{"n": "a"}, {"n": "b"}, {"n": "a"}, {"n": "a')
+    masks = []
+    for output, name in zip(outputs, ("object_rows", "object_string_rows"), strict=True):
+        session = SimpleNamespace(compiled=compiled, json_scan=None, output=vocabulary.encode(output))
+        assert getattr(string_moves(session, [], start=0), name) == [0]
+        state = compiled.new_state()
+        state.advance(session.output)
+        mask = allocate_bitmask(compiled.vocab_size)
+        state.fill_mask(mask)
+        masks.append(mask)
+    logits = torch.randn(2, compiled.vocab_size, generator=torch.Generator().manual_seed(6))
+    apply_bitmask(logits, torch.stack(masks))
+    moves = StringMoves(object_rows=[0], object_string_rows=[1])
     moved, host = logits.clone(), logits.clone().numpy()
-    move_to_quote(moved, StringMoves(object_rows=[0]), tokens)
-    move_to_quote(host, StringMoves(object_rows=[0]), tokens)
+    move_to_quote(moved, moves, tokens)
+    move_to_quote(host, moves, tokens)
     assert torch.allclose(torch.from_numpy(host), moved, atol=1e-5)
     before, now = torch.softmax(logits, -1), torch.softmax(moved, -1)
-    assert before[0, tokens.brace_commas].sum() > 0 and torch.all(now[0, tokens.brace_commas] == 0)
-    assert now[0, tokens.brace] == pytest.approx(float(before[0, tokens.brace] + before[0, tokens.brace_commas].sum()),
-                                                 rel=1e-4)
+    for row, fused_ids, plain in ((0, tokens.brace_commas, tokens.brace), (1, tokens.quote_brace_commas,
+                                                                           tokens.quote_brace)):
+        assert before[row, fused_ids].sum() > 0 and torch.all(now[row, fused_ids] == 0)
+        assert now[row, plain] == pytest.approx(float(before[row, plain] + before[row, fused_ids].sum()), rel=1e-4)
 
 
 def test_a_list_of_records_the_model_loops_in_ends(smollm2, one_torch_thread):
