@@ -71,7 +71,7 @@ _SPACE = frozenset(b" \t\r\n")
 _STARTS = frozenset(b'{["')
 _DIGITS, _NUMBER_STARTS = frozenset(b"0123456789"), frozenset(b"-0123456789")
 REPEATED_ITEMS = 2
-"""The items of an array of strings that may repeat earlier ones before the guard ends the array."""
+"""The items of an array of strings or objects that may repeat earlier ones before the guard ends it."""
 MAX_NUMBER_DIGITS = 18
 """The digits a JSON number may have before the guard ends it: every integer of 18 digits fits in 64
 bits, and a longer number from a small model is a run of digits rather than a value."""
@@ -322,8 +322,9 @@ class MarkedScan(JsonScan):
 class StringMoves:
     """A step's positions where a string value is open (``rows``), of those where a ``</`` would end a
     call's argument (``tag_rows``), where a string may open (``start_rows``), where a number has run
-    past ``MAX_NUMBER_DIGITS`` (``number_rows``), and where an array of strings loops (``item_rows``,
-    ``array_rows``)."""
+    past ``MAX_NUMBER_DIGITS`` (``number_rows``), where an array of strings or objects loops (``item_rows``,
+    ``array_rows``, ``object_rows``, ``object_string_rows``), and where a string value that went round ends
+    (``ended_rows``)."""
 
     rows: list[int] = field(default_factory=list)
     tag_rows: list[int] = field(default_factory=list)
