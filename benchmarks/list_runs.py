@@ -22,9 +22,7 @@ import zlib
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from cdsl_struct.bench import write_report
-
-from .number_runs import decode_settings, finished_and_cut
+from .number_runs import add_guard_arguments, decode_settings, finished_and_cut, run_guard_bench
 
 TEMPLATES = ("List the {} as JSON.", "Give me the {} as a JSON list.", "What are the {}? Answer in JSON.")
 #: (subject, the record's fields after ``name``)
@@ -152,17 +150,9 @@ def format_table(report: dict[str, Any]) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``python -m benchmarks list-runs``'s options."""
-    parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--split", choices=("tune", "report"), default="tune")
-    parser.add_argument("--tasks", type=int, default=30)
-    parser.add_argument("--max-tokens", type=int, default=200)
-    parser.add_argument("--settings", default="guard,noguard", help="comma-separated: guard, noguard")
-    parser.add_argument("--json", dest="json_out", help="write rows and summary here")
+    add_guard_arguments(parser, tasks=30, max_tokens=200)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the bench as ``args`` say; print the table, write the report."""
-    config = ListRunsConfig(model=args.model, split=args.split, tasks=args.tasks, max_tokens=args.max_tokens,
-                            settings=tuple(args.settings.split(",")))
-    report = run_list_runs(config)
-    return write_report(report, format_table(report), args)
+    return run_guard_bench(args, ListRunsConfig, run_list_runs, format_table)

@@ -162,17 +162,28 @@ def format_table(report: dict[str, Any]) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``python -m benchmarks number-runs``'s options."""
+    add_guard_arguments(parser, tasks=40, max_tokens=80)
+
+
+def add_guard_arguments(parser: argparse.ArgumentParser, tasks: int, max_tokens: int) -> None:
+    """The options of a bench that runs the string guard on and off over a split's tasks."""
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--split", choices=("tune", "report"), default="tune")
-    parser.add_argument("--tasks", type=int, default=40)
-    parser.add_argument("--max-tokens", type=int, default=80)
+    parser.add_argument("--tasks", type=int, default=tasks)
+    parser.add_argument("--max-tokens", type=int, default=max_tokens)
     parser.add_argument("--settings", default="guard,noguard", help="comma-separated: guard, noguard")
     parser.add_argument("--json", dest="json_out", help="write rows and summary here")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the bench as ``args`` say; print the table, write the report."""
-    config = NumberRunsConfig(model=args.model, split=args.split, tasks=args.tasks, max_tokens=args.max_tokens,
-                              settings=tuple(args.settings.split(",")))
-    report = run_number_runs(config)
-    return write_report(report, format_table(report), args)
+    return run_guard_bench(args, NumberRunsConfig, run_number_runs, format_table)
+
+
+def run_guard_bench(args: argparse.Namespace, config_type: Any, run_bench: Any, table: Any) -> int:
+    """Build ``config_type`` from ``add_guard_arguments``' options, run ``run_bench`` with it, print ``table``
+    of the report and write it."""
+    config = config_type(model=args.model, split=args.split, tasks=args.tasks, max_tokens=args.max_tokens,
+                         settings=tuple(args.settings.split(",")))
+    report = run_bench(config)
+    return write_report(report, table(report), args)
