@@ -287,6 +287,8 @@ class BudgetCloser:
     """Whether it is closing the answer."""
     compacted: bool = False
     """Whether its masks left out whitespace the constraint allows (compact JSON near the end)."""
+    trimmed: bool = False
+    """Whether its masks left out, before closing, a token after which no ending fit (``_fitting``)."""
     estimate: int | None = None
     """The length of the last ending found (None: none yet)."""
     next_look: int = MAX_WINDOW
@@ -352,15 +354,31 @@ class BudgetCloser:
             self.engaged = bool(self._continuations(session, room, proposed)[1])
         if self.engaged:
             return self.closing_mask(session, proposed, room)
-        if not self._compacting(session, proposed):
-            return None
-        return self._constraint_mask(session, proposed)
+        mask = self._constraint_mask(session, proposed) if self._compacting(session, proposed) else None
+        return self._fitting(session, proposed, room, mask)
+
+    def _fitting(self, session: Session, proposed: list[int], room: int, mask: Any) -> Any:
+        """``mask`` (None: the constraint's) without the tokens after which no ending fits in ``room`` where
+        the constraint allows at most ``CHOICES`` and another fits: one token may lengthen the shortest
+        ending past the room (``, {`` after an array's item opens another object) before the row engages."""
+        full = mask if mask is not None else session.current_mask()
+        allowed = _allowed(full, session.compiled.vocab_size, session.compiled.vocabulary.eos_token_ids)
+        if not 1 < allowed.size <= CHOICES:
+            return mask
+        overruns = [token for token in allowed.tolist() if not self._fits_after(session, proposed, token, room - 1)]
+        if not overruns or len(overruns) == allowed.size:
+            return mask
+        kept = full.clone()
+        for token in overruns:
+            clear_bit(kept, token)
+        self.trimmed = True
+        return kept
 
     @property
     def shaped(self) -> bool:
-        """Whether the budget shaped the answer: closed it, or wrote it compact near the end
-        (``Result.closed_by_budget``: content may be short)."""
-        return self.engaged or self.compacted
+        """Whether the budget shaped the answer: closed it, kept it from opening what could not close in
+        time, or wrote it compact near the end (``Result.closed_by_budget``: content may be short)."""
+        return self.engaged or self.compacted or self.trimmed
 
     def splits_a_quote(self, session: Session, proposed: list[int]) -> bool:
         """Whether the last of ``proposed`` (forced tokens, advanced into the state) is one that

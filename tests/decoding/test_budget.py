@@ -294,3 +294,20 @@ def test_a_keyword_sentence_cut_by_the_budget_is_closed_as_a_sentence(gen):
     assert result.closed_by_budget and result.complete and result.finish_reason == "length"
     assert result.text.endswith((".", "!", "?")) and len(result.tokens) <= 10
     assert result.value == result.text
+
+
+PLANETS = {"type": "object", "properties": {"planets": {"type": "array", "items": {
+    "type": "object", "properties": {"name": {"type": "string"}, "moons": {"type": "integer"}},
+    "required": ["name", "moons"], "additionalProperties": False}}}, "required": ["planets"],
+    "additionalProperties": False}
+
+
+@pytest.mark.parametrize("budget", range(50, 111, 15))
+def test_a_list_closes_at_every_budget_though_one_token_opens_another_item(gen, budget):
+    """After an item, ``, {`` lengthens the shortest ending from two tokens to ten: without a look at the
+    next token's ending, a row whose ending fitted went on past the point where any could (cut, unclosed)."""
+    prompt = [{"role": "user", "content": "List the planets of the solar system and their moons."}]
+    result = gen.generate(prompt, schema=PLANETS, max_tokens=budget, method="target")
+    assert result.complete and len(result.tokens) <= budget, result.text
+    jsonschema.validate(result.value, PLANETS)
+    assert result.finish_reason == "stop" or result.closed_by_budget
