@@ -5,9 +5,9 @@ capitals, the Beatles and their instruments): a small model may write the same r
 again (SmolLM2: ``{"name": "Uranus", ...}, {"name": "Neptune", ...}, {"name": "Pluto", ...},
 {"name": "Uranus", ...`` to ``max_tokens``). The string guard (``decoding.strings``) ends an array once
 ``REPEATED_ITEMS`` of its items repeat earlier ones; it runs on and off over the same requests, side by
-side in one process. Reported per setting: answers finished, cut by ``max_tokens``, going round (an
-array with three records or more that repeat earlier ones), records an answer, and tokens. No record is
-judged right or wrong.
+side in one process. Reported per setting: answers finished, cut by ``max_tokens`` (and of those, closed
+validly by the budget closer), valid, going round (an array with three records or more that repeat
+earlier ones), records an answer, and tokens. No record is judged right or wrong.
 
 The tasks split by a hash of their text into ``tune`` and ``report`` (DESIGN.md, "Evaluation
 protocol").
@@ -129,10 +129,12 @@ def run_list_runs(config: ListRunsConfig, loaded: Any = None) -> dict[str, Any]:
             count, repeated = records(result.text)
             mine.append({"setting": setting, "prompt": task.prompt, "text": result.text,
                          "finish_reason": result.finish_reason, "tokens": len(result.tokens), "records": count,
-                         "repeated": repeated})
+                         "repeated": repeated, "closed": result.closed_by_budget, "complete": result.complete})
         rows += mine
         size = max(len(mine), 1)
-        summary[setting] = {**finished_and_cut(mine), "going_round": sum(r["repeated"] >= GOING_ROUND for r in mine),
+        summary[setting] = {**finished_and_cut(mine), "closed": sum(r["closed"] for r in mine),
+                            "complete": sum(r["complete"] for r in mine),
+                            "going_round": sum(r["repeated"] >= GOING_ROUND for r in mine),
                             "mean_records": round(sum(r["records"] for r in mine) / size, 1),
                             "mean_tokens": round(sum(r["tokens"] for r in mine) / size, 1), "wall_s": round(wall, 2)}
     return {"config": asdict(config), "summary": summary, "rows": rows}
@@ -140,10 +142,11 @@ def run_list_runs(config: ListRunsConfig, loaded: Any = None) -> dict[str, Any]:
 
 def format_table(report: dict[str, Any]) -> str:
     """The settings as a markdown table."""
-    lines = [f"| setting | tasks | finished | cut | going round ({GOING_ROUND}+ repeats) | records | mean tokens | "
-             "wall s |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [f"| setting | tasks | finished | cut | of those closed | valid | going round ({GOING_ROUND}+ repeats) | "
+             "records | mean tokens | wall s |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, s in report["summary"].items():
-        lines.append(f"| {name} | {s['tasks']} | {s['finished']} | {s['cut']} | {s['going_round']} | "
+        lines.append(f"| {name} | {s['tasks']} | {s['finished']} | {s['cut']} | {s['closed']} | {s['complete']} | "
+                     f"{s['going_round']} | "
                      f"{s['mean_records']} | {s['mean_tokens']} | {s['wall_s']} |")
     return "\n".join(lines)
 
