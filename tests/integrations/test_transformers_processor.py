@@ -191,6 +191,23 @@ def test_a_number_the_model_runs_on_with_is_ended_as_in_our_decoder(lm):
     assert text == ours.text
 
 
+def test_a_list_of_records_the_model_loops_in_ends_as_in_our_decoder(lm):
+    """``{"name": "Uranus", ...}, {"name": "Neptune", ...}, {"name": "Pluto", ...}, {"name": "Uranus", ...`` to
+    ``max_new_tokens`` without the guard; with it the array ends at the second repeat, as in our decoder."""
+    planet = {"type": "object", "properties": {"name": {"type": "string"}, "moons": {"type": "integer"}},
+              "required": ["name", "moons"]}
+    schema = {"type": "object", "properties": {"items": {"type": "array", "items": planet}}, "required": ["items"]}
+    prompt = "Give me the planets of the solar system as JSON."
+    inputs = encode(lm, [prompt])
+    out = lm.model.generate(**inputs, **constrained(cs.compile(cs.JsonSchema(schema), lm.tokenizer)),
+                            max_new_tokens=200, do_sample=False, pad_token_id=lm.tokenizer.pad_token_id)
+    text = lm.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    names = [item["name"] for item in json.loads(text)["items"]]
+    assert len(names) - len(set(names)) == 2, text
+    ours = cs.Generator(lm, draft=None, loop_guard=False).generate(prompt, schema=schema, max_tokens=200)
+    assert text == ours.text
+
+
 def test_each_beams_string_scan_is_its_own_tokens(lm):
     """Rows that share a parent (beams), in two groups with the same tokens: every row's scan equals a
     scan fed its own tokens from the start, however the rows branch from step to step."""

@@ -133,6 +133,20 @@ def test_a_list_the_model_loops_in_ends(llm):
     assert open_finish == "length"
 
 
+def test_a_list_of_records_the_model_loops_in_ends(llm):
+    """The record rule inside vLLM: SmolLM2 goes round the planets (``{"name": "Uranus", ...}, ...``) to
+    ``max_tokens``."""
+    planet = {"type": "object", "properties": {"name": {"type": "string"}, "moons": {"type": "integer"}},
+              "required": ["name", "moons"]}
+    schema = {"type": "object", "properties": {"items": {"type": "array", "items": planet}}, "required": ["items"]}
+    prompt = ["Give me the planets of the solar system as JSON."]
+    (guarded, finish), = chat(llm, prompt, greedy(200, schema=schema))
+    (_, open_finish), = chat(llm, prompt, greedy(200, schema=schema, string_guard=False))
+    names = [item["name"] for item in json.loads(guarded)["items"]]
+    assert finish == "stop" and len(names) - len(set(names)) == 2, guarded
+    assert open_finish == "length"
+
+
 def test_a_schema_vllm_refuses_decodes_under_ours(llm):
     with pytest.raises(Exception, match="uniqueItems"):
         llm.chat([[{"role": "user", "content": "Pick colours as JSON."}]],
